@@ -1,0 +1,167 @@
+"""The happens-before oracle: vector clocks over stream order, events, waits and host syncs.
+
+Timing-independent, in the manner of PyTorch's CSAN (`torch/cuda/_sanitizer.py`), but over declared cell
+ranges instead of whole tensors, so it sees kernels torch never dispatched (CuPy, Triton) and tells
+overlapping views from disjoint ones.
+
+Clocks: every stream keeps a vector clock `clock[s][t]` = how many of stream t's launches stream s is
+ordered after. A launch on s bumps `clock[s][s]` and takes that value as its sequence number. A record
+copies the stream's clock into the event (re-recording overwrites it); a wait joins the event's clock
+(a never-recorded event has none: no-op); `s.wait_stream(o)` joins o's clock as of the call; a host sync
+joins what it waited for into every stream, since everything enqueued after it is ordered after it.
+
+Checking: launch b on stream s is ordered after launch a on stream t iff `a.seq <= clock[s][t]` at b's
+launch. For a fixed s, the launches of t *not* ordered before b are a suffix of t's launches, so each new
+launch only scans the other streams' unordered suffixes. Every pair that shares a cell, has at least one
+store, sits on different streams and is unordered is reported, not just the first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from racefuzz.program import (
+    CellRange,
+    DeviceSync,
+    EventSync,
+    Launch,
+    Program,
+    Record,
+    StreamSync,
+    WaitEvent,
+    WaitStream,
+)
+
+
+class RaceKind(str, Enum):
+    """Named by the access issued first, then the one issued second."""
+
+    WAR = "WAR"  # read issued first, write issued second: the write may clobber what the read loads
+    RAW = "RAW"  # write issued first, read second: the read may miss the write
+    WAW = "WAW"  # both write: the final value depends on timing
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two conflicting launches on different streams with no happens-before edge between them.
+
+    Args:
+        kind: WAR, RAW or WAW, in host issue order (`first` was issued before `second`).
+        first: the launch issued first.
+        second: the launch issued second.
+        cells: the cells both touch in the conflicting way.
+        seen_up_to: the last launch of `first`'s stream that `second`'s stream was ordered after when
+            `second` was issued (None: it had never synchronized with that stream).
+    """
+
+    kind: RaceKind
+    first: Launch
+    second: Launch
+    cells: tuple[CellRange, ...]
+    seen_up_to: Launch | None
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str]:
+        """What identifies a race independently of op indices: kinds, kernels and streams."""
+        return (self.kind.value, self.first.kernel, self.first.stream.name, self.second.kernel, self.second.stream.name)
+
+    def missing_edge(self) -> str:
+        """The ordering edge that would remove this race, in plain words."""
+        a, b = self.first, self.second
+        if self.seen_up_to is None:
+            seen = f"{b.stream} had never synchronized with {a.stream}"
+        else:
+            seen = (
+                f"{b.stream} was ordered only after {a.stream}'s op #{self.seen_up_to.index} ({self.seen_up_to.kernel})"
+            )
+        return (
+            f"no happens-before edge from op #{a.index} {a.kernel} on {a.stream} to op #{b.index} {b.kernel} on "
+            f"{b.stream}: {seen}. Record an event on {a.stream} after op #{a.index} and make {b.stream} wait on it "
+            f"before op #{b.index} (or {b.stream}.wait_stream({a.stream}) after op #{a.index} was issued)."
+        )
+
+
+def _overlaps(left: tuple[CellRange, ...], right: tuple[CellRange, ...]) -> tuple[CellRange, ...]:
+    shared = []
+    for x in left:
+        for y in right:
+            cells = x.intersection(y)
+            if cells is not None:
+                shared.append(cells)
+    return tuple(shared)
+
+
+def find_races(program: Program) -> list[Race]:
+    """Every conflicting, unordered pair of launches of `program`, in the order the second was issued."""
+    n = len(program.streams)
+    clock = [[0] * n for _ in range(n)]
+    event_clock: list[list[int] | None] = [None] * len(program.events)
+    # Per stream: its launches in order; launch k (0-based) has sequence number k + 1.
+    history: list[list[Launch]] = [[] for _ in range(n)]
+    races: list[Race] = []
+
+    def join_all(other: list[int]) -> None:
+        for row in clock:
+            for t in range(n):
+                if other[t] > row[t]:
+                    row[t] = other[t]
+
+    for op in program.ops:
+        if isinstance(op, Launch):
+            s = op.stream.id
+            mine = clock[s]
+            mine[s] += 1
+            for t in range(n):
+                if t == s:
+                    continue
+                launches = history[t]
+                seen = mine[t]
+                for k in range(len(launches) - 1, seen - 1, -1):
+                    races.extend(_conflicts(launches[k], op, launches[seen - 1] if seen else None))
+            history[s].append(op)
+        elif isinstance(op, Record):
+            event_clock[op.event.id] = list(clock[op.stream.id])
+        elif isinstance(op, WaitEvent):
+            recorded = event_clock[op.event.id]
+            if recorded is not None:
+                _join(clock[op.stream.id], recorded)
+        elif isinstance(op, WaitStream):
+            _join(clock[op.stream.id], clock[op.other.id])
+        elif isinstance(op, EventSync):
+            recorded = event_clock[op.event.id]
+            if recorded is not None:
+                join_all(recorded)
+        elif isinstance(op, StreamSync):
+            join_all(list(clock[op.stream.id]))
+        elif isinstance(op, DeviceSync):
+            drained = [clock[t][t] for t in range(n)]
+            join_all(drained)
+    races.sort(key=lambda race: (race.second.index, race.first.index))
+    return races
+
+
+def _join(into: list[int], other: list[int]) -> None:
+    for t, value in enumerate(other):
+        if value > into[t]:
+            into[t] = value
+
+
+def _conflicts(first: Launch, second: Launch, seen_up_to: Launch | None) -> list[Race]:
+    found = []
+    if first.reads and second.writes:
+        cells = _overlaps(first.reads, second.writes)
+        if cells:
+            found.append(Race(RaceKind.WAR, first, second, cells, seen_up_to))
+    if first.writes and second.reads:
+        cells = _overlaps(first.writes, second.reads)
+        if cells:
+            found.append(Race(RaceKind.RAW, first, second, cells, seen_up_to))
+    if first.writes and second.writes:
+        cells = _overlaps(first.writes, second.writes)
+        if cells:
+            found.append(Race(RaceKind.WAW, first, second, cells, seen_up_to))
+    return found

@@ -1,0 +1,97 @@
+"""The manifested-corruption oracle: what every load should have seen, and where a run disagrees.
+
+The reference is the same program executed sequentially in host issue order: a correctly fenced program
+observes exactly that, whatever the timing, because every write it orders before a read was issued
+before it and every write issued after a read is ordered after it. A load that differs from the
+reference was clobbered by a write that landed too early (WAR) or missed one that landed too late (RAW).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from racefuzz.memory import INITIAL, Observations, Replay, replay_in_order
+from racefuzz.program import Launch, Program
+
+
+def sequential_replay(program: Program, *, track_writers: bool = False) -> Replay:
+    """The reference run: every launch in host issue order."""
+    return replay_in_order(program, program.launches, track_writers=track_writers)
+
+
+def expected_observations(program: Program) -> Observations:
+    """What every reading launch loads when the program runs in host issue order."""
+    return sequential_replay(program).observations
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """The cells of one read range of one launch whose loaded values differ from the reference.
+
+    Args:
+        read: the reading launch.
+        range_index: which entry of `read.reads`.
+        cells: the differing cells as (row, column) pairs, row-major.
+        observed: the values loaded, aligned with `cells`.
+        expected: the reference values, aligned with `cells`.
+        observed_writers: the launch that stored each observed value (-1: the buffer's fill), when known.
+        expected_writers: the launch that stored each expected value (-1: the buffer's fill).
+    """
+
+    read: Launch
+    range_index: int
+    cells: tuple[tuple[int, int], ...]
+    observed: tuple[int, ...]
+    expected: tuple[int, ...]
+    observed_writers: tuple[int, ...] | None
+    expected_writers: tuple[int, ...]
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """Launch indices whose stores explain the wrong values: the early writer, else the missed one."""
+        if self.observed_writers is not None:
+            pairs = zip(self.observed_writers, self.expected_writers, strict=False)
+            early = sorted({w for w, e in pairs if w != e and w != INITIAL})
+            if early:
+                return tuple(early)
+        return tuple(sorted({w for w in self.expected_writers if w != INITIAL}))
+
+
+def find_corruptions(
+    program: Program, observed: Observations, observed_writers: Observations | None = None
+) -> list[Corruption]:
+    """Compare `observed` against the sequential reference; one `Corruption` per differing read range."""
+    reference = sequential_replay(program, track_writers=True)
+    assert reference.writers is not None
+    launches = program.ops
+    corruptions: list[Corruption] = []
+    for index, expected_arrays in reference.observations.items():
+        got_arrays = observed.get(index)
+        if got_arrays is None:
+            raise ValueError(f"no observation for reading launch #{index}")
+        for k, (got, want) in enumerate(zip(got_arrays, expected_arrays, strict=False)):
+            if np.array_equal(got, want):
+                continue
+            read = launches[index]
+            assert isinstance(read, Launch)
+            rows, cols = np.nonzero(got != want)
+            cells = tuple(
+                (read.reads[k].row0 + int(r), read.reads[k].col0 + int(c)) for r, c in zip(rows, cols, strict=False)
+            )
+            got_writers = None
+            if observed_writers is not None:
+                got_writers = tuple(int(v) for v in observed_writers[index][k][rows, cols])
+            corruptions.append(
+                Corruption(
+                    read,
+                    k,
+                    cells,
+                    tuple(int(v) for v in got[rows, cols]),
+                    tuple(int(v) for v in want[rows, cols]),
+                    got_writers,
+                    tuple(int(v) for v in reference.writers[index][k][rows, cols]),
+                )
+            )
+    return corruptions

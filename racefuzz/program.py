@@ -1,0 +1,236 @@
+"""The recorded host program (the IR): streams, events, buffers, cell ranges and the ops between them.
+
+A `Program` is what a scenario plus a sync design issue, in host order, with no timing in it: every
+backend (the simulator, the CUDA executor) and every analysis (the happens-before checker, the sequential
+oracle) consumes the same `Program`. Delays are not part of it; they live in a separate `Schedule`, so
+that one program can be run under many schedules.
+
+Accesses are declared at cell granularity: a `CellRange` is a row/column rectangle of a 2-D int32
+buffer. Two accesses conflict when their rectangles share a cell, which is how overlapping views of one
+tensor are told apart from disjoint ones (PyTorch's CSAN keys accesses by `data_ptr` and misses both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NewType
+
+import numpy as np
+
+from racefuzz.errors import InvalidProgram
+
+StreamId = NewType("StreamId", int)
+EventId = NewType("EventId", int)
+BufferId = NewType("BufferId", int)
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A CUDA stream of the program. `id` is its index in `Program.streams`."""
+
+    id: StreamId
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A CUDA event of the program. `id` is its index in `Program.events`; names need not be unique."""
+
+    id: EventId
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.name}#{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A 2-D int32 device table such as `req_to_token[rows, cols]`, initially filled with `fill`.
+
+    Indexing a buffer makes a `CellRange`: `buf[row, c0:c1]`, `buf[r0:r1, c0:c1]`.
+    """
+
+    id: BufferId
+    name: str
+    rows: int
+    cols: int
+    fill: int = 0
+
+    def __getitem__(self, key: tuple[int | slice, int | slice]) -> CellRange:
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidProgram(f"{self.name}[...] takes two indices (rows, columns), got {key!r}")
+        row0, row1 = _bounds(key[0], self.rows, f"{self.name} rows")
+        col0, col1 = _bounds(key[1], self.cols, f"{self.name} columns")
+        return CellRange(self, row0, row1, col0, col1)
+
+
+def _bounds(index: int | slice, size: int, what: str) -> tuple[int, int]:
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        start, stop = int(index), int(index) + 1
+    elif isinstance(index, slice):
+        if index.step not in (None, 1):
+            raise InvalidProgram(f"{what}: a cell range takes no step, got {index!r}")
+        start = 0 if index.start is None else int(index.start)
+        stop = size if index.stop is None else int(index.stop)
+    else:
+        raise InvalidProgram(f"{what}: index must be an int or a slice, got {index!r}")
+    if start >= stop:
+        raise InvalidProgram(f"{what}: empty cell range {start}:{stop}")
+    if start < 0 or stop > size:
+        raise InvalidProgram(f"{what}: range {start}:{stop} is out of bounds [0, {size})")
+    return start, stop
+
+
+@dataclass(frozen=True, slots=True)
+class CellRange:
+    """The half-open rectangle `buffer[row0:row1, col0:col1]`; never empty, always in bounds."""
+
+    buffer: Buffer
+    row0: int
+    row1: int
+    col0: int
+    col1: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.row1 - self.row0, self.col1 - self.col0)
+
+    @property
+    def size(self) -> int:
+        return (self.row1 - self.row0) * (self.col1 - self.col0)
+
+    def intersection(self, other: CellRange) -> CellRange | None:
+        """The cells both ranges cover, or None when they share none."""
+        if self.buffer.id != other.buffer.id:
+            return None
+        row0, row1 = max(self.row0, other.row0), min(self.row1, other.row1)
+        col0, col1 = max(self.col0, other.col0), min(self.col1, other.col1)
+        if row0 >= row1 or col0 >= col1:
+            return None
+        return CellRange(self.buffer, row0, row1, col0, col1)
+
+    def __str__(self) -> str:
+        rows = str(self.row0) if self.row1 == self.row0 + 1 else f"{self.row0}:{self.row1}"
+        return f"{self.buffer.name}[{rows}, {self.col0}:{self.col1}]"
+
+    def to_json(self) -> list[int]:
+        return [self.row0, self.row1, self.col0, self.col1]
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A kernel on `stream` that loads `reads` and stores `values[i]` into `writes[i]`.
+
+    Args:
+        index: position in `Program.ops` (host issue order).
+        stream: the stream it is enqueued on.
+        kernel: the kernel's name, e.g. `prefill_write`, `block_gather`.
+        reads: the cells it loads; what it loaded is its observation.
+        writes: the cells it stores.
+        values: one int32 array per write, shaped like the write's rectangle.
+        cost_us: its duration without injected delay, or None for the backend's default.
+        info: where it comes from (iteration, request, ...), for reports.
+    """
+
+    index: int
+    stream: Stream
+    kernel: str
+    reads: tuple[CellRange, ...]
+    writes: tuple[CellRange, ...]
+    values: tuple[np.ndarray, ...]
+    cost_us: float | None = None
+    info: Mapping[str, object] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        where = ", ".join(f"{k} {v}" for k, v in self.info.items())
+        return f"op #{self.index} {self.kernel} on {self.stream}" + (f" ({where})" if where else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """`event.record(stream)`: the event completes when all work enqueued on `stream` so far has."""
+
+    index: int
+    event: Event
+    stream: Stream
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEvent:
+    """`stream.wait_event(event)`: binds to the latest record of `event` issued before this call.
+
+    Waiting on an event that was never recorded is a no-op, as in CUDA.
+    """
+
+    index: int
+    stream: Stream
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class WaitStream:
+    """`stream.wait_stream(other)`: waits for the work enqueued on `other` up to this host call, not later."""
+
+    index: int
+    stream: Stream
+    other: Stream
+
+
+@dataclass(frozen=True, slots=True)
+class EventSync:
+    """`event.synchronize()`: the host blocks until the latest record of `event` completed."""
+
+    index: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSync:
+    """`stream.synchronize()`: the host blocks until everything enqueued on `stream` completed."""
+
+    index: int
+    stream: Stream
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSync:
+    """`torch.cuda.synchronize()`: the host blocks until every stream drained."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostDelay:
+    """The host does `us` microseconds of other work before issuing the next op."""
+
+    index: int
+    us: float
+
+
+Op = Launch | Record | WaitEvent | WaitStream | EventSync | StreamSync | DeviceSync | HostDelay
+StreamOp = (Launch, Record, WaitEvent, WaitStream)
+"""Op types that are enqueued on a stream (and so can be preceded by an injected spin on it)."""
+
+
+@dataclass(frozen=True)
+class Program:
+    """A finished host program: its objects and its ops in host issue order (`ops[i].index == i`)."""
+
+    streams: tuple[Stream, ...]
+    events: tuple[Event, ...]
+    buffers: tuple[Buffer, ...]
+    ops: tuple[Op, ...]
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [op for op in self.ops if isinstance(op, Launch)]
+
+    def stream_named(self, name: str) -> Stream:
+        for stream in self.streams:
+            if stream.name == name:
+                return stream
+        raise InvalidProgram(f"no stream named {name!r}; streams: {', '.join(s.name for s in self.streams)}")
