@@ -50,13 +50,19 @@ class Corruption:
 
     @property
     def culprits(self) -> tuple[int, ...]:
-        """Launch indices whose stores explain the wrong values: the early writer, else the missed one."""
-        if self.observed_writers is not None:
-            pairs = zip(self.observed_writers, self.expected_writers, strict=False)
-            early = sorted({w for w, e in pairs if w != e and w != INITIAL})
-            if early:
-                return tuple(early)
-        return tuple(sorted({w for w in self.expected_writers if w != INITIAL}))
+        """The launches whose stores explain the wrong values.
+
+        Per cell: when the observed value was stored by a launch issued *after* the expected one, that
+        later write landed too early (it clobbered the read: WAR, or WAW); otherwise the read missed the
+        expected write (RAW). Without writer tracking, the expected writers are named.
+        """
+        culprits = set()
+        observed = self.observed_writers or (INITIAL,) * len(self.expected_writers)
+        for got, want in zip(observed, self.expected_writers, strict=True):
+            culprit = got if got > want else want
+            if culprit != INITIAL:
+                culprits.add(culprit)
+        return tuple(sorted(culprits))
 
 
 def find_corruptions(

@@ -1,0 +1,82 @@
+"""The simulator's time model: FIFO streams, snapshots, host blocking, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from racefuzz import Device, Schedule, SimConfig, simulate
+from racefuzz.sim import HOST
+
+
+def _spans(run, kind: str):
+    return [span for span in run.timeline if span.kind == kind]
+
+
+def test_stream_is_fifo_and_costs_add_up() -> None:
+    device = Device()
+    forward = device.stream("forward_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("block_gather", reads=[table[0, 0:4]], cost_us=100)
+    forward.launch("page_table_build", reads=[table[0, 0:4]], cost_us=50)
+    run = simulate(device.finish(), config=SimConfig(launch_cost_us=5, kernel_cost_us=5))
+    first, second = _spans(run, "kernel")
+    assert (first.start_us, first.end_us) == (5, 105)
+    assert (second.start_us, second.end_us) == (105, 155)
+    assert run.host_end_us == 155
+
+
+def test_wait_stream_snapshot_does_not_cover_later_work() -> None:
+    device = Device()
+    forward, schedule = device.stream("forward_stream"), device.stream("schedule_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("block_gather", reads=[table[0, 0:4]], cost_us=100)  # issued at 5, ends 105
+    schedule.wait_stream(forward)  # snapshot: 105
+    forward.launch("page_table_build", reads=[table[0, 0:4]], cost_us=1000)  # ends 1105, not covered
+    schedule.launch("prefill_write", writes=[(table[1, 0:4], 1)], cost_us=10)
+    run = simulate(device.finish())
+    write = next(span for span in _spans(run, "kernel") if span.label == "prefill_write")
+    assert write.start_us == 105
+
+
+def test_host_sync_blocks_the_host_and_delays_later_issue() -> None:
+    device = Device()
+    forward = device.stream("forward_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("block_gather", reads=[table[0, 0:4]], cost_us=2000)
+    verify_done = forward.record_event("verify_done")
+    verify_done.synchronize()
+    never = device.event("never")
+    never.synchronize()  # never recorded: returns at once
+    run = simulate(device.finish())
+    syncs = [span for span in run.timeline if span.kind == "sync"]
+    assert syncs[0].track == HOST and syncs[0].end_us == 2005
+    assert syncs[1].start_us == syncs[1].end_us == 2005
+
+
+def test_injected_delays_appear_on_the_timeline() -> None:
+    device = Device()
+    forward = device.stream("forward_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("block_gather", reads=[table[0, 0:4]])
+    program = device.finish()
+    run = simulate(program, Schedule(device_delays={0: 300}, read_spins={0: 700}, host_delays={0: 40}))
+    (spin,) = _spans(run, "spin")
+    (kernel,) = _spans(run, "kernel")
+    (host_delay,) = _spans(run, "host_delay")
+    assert (host_delay.start_us, host_delay.end_us) == (0, 40)
+    assert (spin.start_us, spin.end_us) == (45, 345)
+    assert (kernel.start_us, kernel.end_us) == (345, 345 + 5 + 700)
+
+
+def test_same_inputs_same_outputs() -> None:
+    from racefuzz.litmus import all_litmus
+
+    for litmus in all_litmus():
+        schedule = litmus.corrupting or litmus.stressing
+        assert schedule is not None
+        a, b = simulate(litmus.program, schedule), simulate(litmus.program, schedule)
+        assert a.timeline == b.timeline
+        assert a.observations.keys() == b.observations.keys()
+        for key in a.observations:
+            for x, y in zip(a.observations[key], b.observations[key], strict=True):
+                np.testing.assert_array_equal(x, y)
