@@ -121,7 +121,10 @@ def find_races(program: Program) -> list[Race]:
                 launches = history[t]
                 seen = mine[t]
                 for k in range(len(launches) - 1, seen - 1, -1):
-                    races.extend(_conflicts(launches[k], op, launches[seen - 1] if seen else None))
+                    other = launches[k]
+                    # Cheap rejections first: most in-flight pairs are read/read or touch other cells.
+                    if (other.writes or op.writes) and _touch(other, op):
+                        races.extend(_conflicts(other, op, launches[seen - 1] if seen else None))
             history[s].append(op)
         elif isinstance(op, Record):
             event_clock[op.event.id] = list(clock[op.stream.id])
@@ -142,6 +145,21 @@ def find_races(program: Program) -> list[Race]:
             join_all(drained)
     races.sort(key=lambda race: (race.second.index, race.first.index))
     return races
+
+
+def _touch(a: Launch, b: Launch) -> bool:
+    """Whether any range of `a` shares a cell with any range of `b` (ignoring read/write kinds)."""
+    for x in (*a.reads, *a.writes):
+        for y in (*b.reads, *b.writes):
+            if (
+                x.buffer.id == y.buffer.id
+                and x.row0 < y.row1
+                and y.row0 < x.row1
+                and x.col0 < y.col1
+                and y.col0 < x.col1
+            ):
+                return True
+    return False
 
 
 def _join(into: list[int], other: list[int]) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each writes raw output that is committed under docs/results/."""
