@@ -8,6 +8,12 @@
 //   row0, nrows, col0, ncols, offset
 // where `offset` indexes the values (writers) or the observation buffer (readers), row-major.
 // One block per rectangle; its threads stride over the rectangle's cells.
+//
+// racefuzz/backends/cuda.py picks kernels by signature, so a new kernel only has to keep one of these:
+//   writer: (int* table, int ld, const int* rects, const int* values)
+//   reader: (const int* table, int ld, const int* rects, int* observed, long long spin_cycles)
+// A launch whose name is a writer (reader) here stores (loads) through it; any other name falls back to
+// rf_write_cells (rf_read_cells).
 
 #define RF_MAX_SPIN_CYCLES (1LL << 37)  // ~60 s at 2 GHz: a hard cap, far above the host-side cap
 

@@ -1,0 +1,654 @@
+"""The CUDA backend: a `Program` run for real, with the kernels of `kernels/req_to_token.cu` on torch streams.
+
+`execute(program, schedule)` issues the program's ops in host order, the way the modelled host would:
+* every IR stream is a fresh `torch.cuda.Stream()` (no two aliasing one CUDA stream), every IR event a
+  fresh `torch.cuda.Event()` (created lazily by torch, so waiting on a never-recorded one is a no-op, as
+  the IR says); records, waits and syncs are torch's own calls;
+* kernels are CuPy `RawKernel`s compiled once per process and device from `kernels/req_to_token.cu`,
+  launched on the torch streams through `cupy.cuda.ExternalStream`, on torch tensors without copies;
+* `schedule.device_delays[i]` is an `rf_spin` kernel on op i's stream right before op i;
+  `schedule.read_spins[i]` is launch i's own in-kernel spin before its loads (its read window);
+  host delays (scheduled, and `HostDelay` ops) busy-wait on `time.perf_counter`, since `time.sleep`
+  overshoots by tens of microseconds.
+
+Kernel choice: a launch's stores go through the kernel named `launch.kernel` when the module defines a
+*writer* of that name, else `rf_write_cells`; its loads through a *reader* of that name, else
+`rf_read_cells`. Writers and readers are told apart by their signatures in the source (see
+`kernel_catalog`), so a reader's name on a writing launch can never bind the wrong argument list. A launch
+that both reads and writes issues its read calls, then its write calls, on its stream: loads first, as in
+the replay. Rectangles of different buffers need separate calls, and so do overlapping stores of one
+launch (blocks of one call run in no fixed order, while the replay applies stores in order).
+
+Staging keeps the per-op host cost to a kernel launch: `stage` packs every call's rectangle descriptors
+and every write's values into ONE int32 host array, which is copied to the device once before anything is
+issued; the observation buffer is allocated once (poisoned, so a load that never ran cannot pass for a
+good one); every call's argument tuple is built before the first op. Then the ops are issued in program
+order, the device is synchronized, and the observations are copied back once.
+
+Delays are microseconds in the schedule but the kernels spin on `clock64()`, which counts SM cycles. The
+cycles-per-microsecond rate is measured once per process and device (`clock_calibration`): after a warm-up
+spin that lifts the SM clock out of its idle state, spins of a short and a long cycle count are timed with
+CUDA events on one stream, and the rate is the median over several pairs of (long - short cycles) /
+(long - short time), which cancels the launch and event overheads. A GPU that changes its clock later
+(an idle drop, thermal throttling) stretches or shrinks the real delays by the same ratio; the
+`timeline=True` spans show the real durations.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from racefuzz.errors import BackendUnavailable, InvalidArgument
+from racefuzz.kernel_sources import kernel_source
+from racefuzz.memory import Observations
+from racefuzz.program import (
+    DeviceSync,
+    EventSync,
+    HostDelay,
+    Launch,
+    Program,
+    Record,
+    StreamSync,
+    WaitEvent,
+    WaitStream,
+)
+from racefuzz.schedule import NO_DELAYS, Schedule
+from racefuzz.sim import HOST, Execution, Span
+
+KERNEL_FILE = "req_to_token.cu"
+WRITE_FALLBACK = "rf_write_cells"
+READ_FALLBACK = "rf_read_cells"
+SPIN_KERNEL = "rf_spin"
+THREADS_PER_BLOCK = 128
+"""Threads of one block; a block covers one rectangle, striding over its cells."""
+
+POISON = int(np.iinfo(np.int32).min)
+"""What every observation slot holds before its reader stores into it."""
+
+_WRITER_PARAMS = ("int*", "int", "const int*", "const int*")  # table, ld, rects, values
+_READER_PARAMS = ("const int*", "int", "const int*", "int*", "long long")  # table, ld, rects, observed, spin
+_GLOBAL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)')
+_MAX_REDRAWS = 64
+"""Extra streams drawn when torch's pool hands back one already taken (two laps of its 32-stream pool)."""
+
+
+def _pip_line(torch: Any | None = None) -> str:
+    """The install line for the CUDA extra that matches torch's CUDA major version (CUDA 13 by default)."""
+    cuda = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
+    extra = "cuda12" if isinstance(cuda, str) and cuda.startswith("12") else "cuda13"
+    return f"pip install 'racefuzz[{extra}]'"
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """How to run on the GPU.
+
+    Args:
+        timeline: record CUDA timing events around every kernel and spin and return real spans (µs from
+            the run's start; host spans from `time.perf_counter`). Off, `Execution.timeline` is empty.
+        device: the CUDA device index to run on.
+    """
+
+    timeline: bool = False
+    device: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.device, bool) or not isinstance(self.device, int) or self.device < 0:
+            raise InvalidArgument(f"CudaConfig.device must be a device index >= 0, got {self.device!r}")
+
+
+# -- availability ------------------------------------------------------------------------------------------
+
+
+def _import_torch() -> Any:
+    """torch, or `BackendUnavailable` with the install line."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise BackendUnavailable(f"torch is not installed ({exc}): {_pip_line()}") from None
+    return torch
+
+
+def _import_cupy(torch: Any | None = None) -> Any:
+    """CuPy, or `BackendUnavailable` with the install line."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailable(f"CuPy is not installed ({exc}): {_pip_line(torch)}") from None
+    return cupy
+
+
+def _one_line(text: object) -> str:
+    return " | ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None when torch sees a CUDA GPU and CuPy works here; otherwise why not, in one line.
+
+    It checks the environment only; a kernel that fails to compile is reported by `execute`, so that a
+    broken kernel source fails the GPU tests instead of skipping them.
+    """
+    try:
+        torch = _import_torch()
+    except BackendUnavailable as exc:
+        return str(exc)
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build: install a CUDA build of torch and {_pip_line()}"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA GPU (torch.cuda.is_available() is False)"
+    try:
+        cupy = _import_cupy(torch)
+    except BackendUnavailable as exc:
+        return str(exc)
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CuPy built for another CUDA than the driver offers, and similar
+        return f"CuPy {cupy.__version__} cannot reach the GPU: {_one_line(exc)}; {_pip_line(torch)}"
+    if count < 1:
+        return f"CuPy {cupy.__version__} sees no CUDA device"
+    return None
+
+
+_verified = False
+
+
+def _require(device: int) -> tuple[Any, Any]:
+    """(torch, cupy) when the GPU backend can run on `device`, else `BackendUnavailable` (one line)."""
+    global _verified
+    if not _verified:
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailable(f"the CUDA backend cannot run here: {reason}")
+        _verified = True
+    import cupy
+    import torch
+
+    count = torch.cuda.device_count()
+    if device >= count:
+        raise InvalidArgument(f"CudaConfig.device is {device}, but torch sees {count} CUDA device(s)")
+    return torch, cupy
+
+
+# -- kernels -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelCatalog:
+    """The `__global__` kernels of the source, by role, as told by their parameter lists.
+
+    Writers take `(int* table, int ld, const int* rects, const int* values)`; readers take
+    `(const int* table, int ld, const int* rects, int* observed, long long spin_cycles)`.
+    """
+
+    writers: frozenset[str]
+    readers: frozenset[str]
+    spin: str = SPIN_KERNEL
+
+    def writer_for(self, kernel: str) -> str:
+        return kernel if kernel in self.writers else WRITE_FALLBACK
+
+    def reader_for(self, kernel: str) -> str:
+        return kernel if kernel in self.readers else READ_FALLBACK
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.spin, *sorted(self.writers), *sorted(self.readers))
+
+
+def _param_type(param: str) -> str:
+    """`const int *rects` -> `const int*`: the declared type with the parameter name dropped."""
+    words = " ".join(param.split())
+    match = re.fullmatch(r"(.*?)\s*\b\w+", words)
+    declared = match.group(1) if match else words
+    return re.sub(r"\s*\*", "*", declared).strip()
+
+
+def kernel_catalog(source: str) -> KernelCatalog:
+    """Classify the `extern "C" __global__` kernels of `source`; `BackendUnavailable` if a fallback is missing."""
+    writers: set[str] = set()
+    readers: set[str] = set()
+    spins: set[str] = set()
+    for name, params in _GLOBAL_RE.findall(source):
+        types = tuple(_param_type(p) for p in params.split(",") if p.strip())
+        if types == _WRITER_PARAMS:
+            writers.add(name)
+        elif types == _READER_PARAMS:
+            readers.add(name)
+        elif types == ("long long",):
+            spins.add(name)
+    missing = [
+        n for n, found in ((WRITE_FALLBACK, writers), (READ_FALLBACK, readers), (SPIN_KERNEL, spins)) if n not in found
+    ]
+    if missing:
+        raise BackendUnavailable(f"{KERNEL_FILE} lacks the kernel(s) {', '.join(missing)} with the expected signature")
+    return KernelCatalog(frozenset(writers), frozenset(readers))
+
+
+# -- staging (pure: no torch, no CuPy) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCall:
+    """One kernel call of a launch: `kernel` over `count` rectangles of buffer `buffer`.
+
+    Its descriptors are `count` runs of five ints (row0, nrows, col0, ncols, offset) at `rects_at` in the
+    staging array. A writer's `offset` indexes the staging array itself (the values follow the
+    descriptors); a reader's indexes the observation buffer. `spin_us` is the reader's read window (only
+    the first read call of a launch spins: the later ones load right after it, inside the same window).
+    """
+
+    kernel: str
+    buffer: int
+    rects_at: int
+    count: int
+    reads: bool
+    spin_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Everything the device needs before the first op, built on the host.
+
+    Args:
+        host: int32: every call's descriptors, then every write's values (row-major).
+        observed_size: cells in the observation buffer (the sum of all read ranges' sizes).
+        calls: launch index -> its kernel calls, in issue order (reads first).
+        observed_at: launch index -> where each of its read ranges starts in the observation buffer.
+    """
+
+    host: np.ndarray
+    observed_size: int
+    calls: dict[int, tuple[StagedCall, ...]]
+    observed_at: dict[int, tuple[int, ...]]
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    return a.row0 < b.row1 and b.row0 < a.row1 and a.col0 < b.col1 and b.col0 < a.col1
+
+
+def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Staging:
+    """Pack `program`'s launches into kernel calls and one int32 array (see `Staging`)."""
+    launches = program.launches
+    rect_count = sum(len(launch.reads) + len(launch.writes) for launch in launches)
+    value_count = sum(cells.size for launch in launches for cells in launch.writes)
+    observed_size = sum(cells.size for launch in launches for cells in launch.reads)
+    total = 5 * rect_count + value_count
+    if max(total, observed_size) >= 2**31:
+        raise InvalidArgument(
+            f"program too large for int32 descriptors: {total} staged ints, {observed_size} read cells"
+        )
+    host = np.empty(total, dtype=np.int32)
+    rect_cursor, value_cursor, observed_cursor = 0, 5 * rect_count, 0
+    calls: dict[int, tuple[StagedCall, ...]] = {}
+    observed_at: dict[int, tuple[int, ...]] = {}
+
+    def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool, spin_us: float) -> StagedCall:
+        nonlocal rect_cursor
+        at = rect_cursor
+        for cells, offset in rects:
+            host[rect_cursor : rect_cursor + 5] = (
+                cells.row0,
+                cells.row1 - cells.row0,
+                cells.col0,
+                cells.col1 - cells.col0,
+                offset,
+            )
+            rect_cursor += 5
+        return StagedCall(kernel, buffer, at, len(rects), reads, spin_us)
+
+    for launch in launches:
+        out: list[StagedCall] = []
+        if launch.reads:
+            by_buffer: dict[int, list[tuple[Any, int]]] = {}
+            starts: list[int] = []
+            for cells in launch.reads:
+                starts.append(observed_cursor)
+                by_buffer.setdefault(cells.buffer.id, []).append((cells, observed_cursor))
+                observed_cursor += cells.size
+            observed_at[launch.index] = tuple(starts)
+            reader = catalog.reader_for(launch.kernel)
+            spin_us = schedule.read_spins.get(launch.index, 0.0)
+            for k, (buffer, rects) in enumerate(by_buffer.items()):
+                out.append(emit(reader, buffer, rects, True, spin_us if k == 0 else 0.0))
+        if launch.writes:
+            # Per buffer, a list of calls; a store joins its buffer's last call unless it overlaps a store
+            # already there, since the blocks of one call run in no fixed order.
+            groups: dict[int, list[list[tuple[Any, int]]]] = {}
+            for cells, values in zip(launch.writes, launch.values, strict=True):
+                host[value_cursor : value_cursor + cells.size] = values.reshape(-1)
+                buffer_calls = groups.setdefault(cells.buffer.id, [[]])
+                if any(_overlaps(cells, other) for other, _ in buffer_calls[-1]):
+                    buffer_calls.append([])
+                buffer_calls[-1].append((cells, value_cursor))
+                value_cursor += cells.size
+            writer = catalog.writer_for(launch.kernel)
+            for buffer, buffer_calls in groups.items():
+                out.extend(emit(writer, buffer, rects, False, 0.0) for rects in buffer_calls)
+        calls[launch.index] = tuple(out)
+    assert rect_cursor == 5 * rect_count and value_cursor == total and observed_cursor == observed_size
+    return Staging(host, observed_size, calls, observed_at)
+
+
+T = TypeVar("T")
+
+
+def draw_distinct_streams(
+    count: int, new_stream: Callable[[], T], handle: Callable[[T], int], taken: set[int]
+) -> list[T]:
+    """`count` streams from `new_stream` whose handles are pairwise distinct and not in `taken`.
+
+    torch hands streams out round-robin from a fixed pool, so two draws can return the same CUDA stream
+    (after a lap of the pool, or when another thread draws in between); two IR streams on one CUDA stream
+    would be silently ordered and hide every race between them. Aliased draws are dropped and redrawn
+    (as sglang #31681 does); `InvalidArgument` when the pool cannot supply `count` distinct streams.
+    """
+    seen = set(taken)
+    streams: list[T] = []
+    for _ in range(count + _MAX_REDRAWS):
+        if len(streams) == count:
+            break
+        stream = new_stream()
+        key = handle(stream)
+        if key not in seen:
+            seen.add(key)
+            streams.append(stream)
+    if len(streams) < count:
+        raise InvalidArgument(
+            f"could not draw {count} distinct CUDA streams from torch's stream pool (got {len(streams)}); "
+            "the program has more streams than the pool holds"
+        )
+    return streams
+
+
+def busy_wait_us(us: float) -> None:
+    """Spin the host for `us` microseconds on `time.perf_counter` (sleep overshoots short waits)."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+# -- the per-process runtime: compiled kernels and the clock calibration -----------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The SM clock as `clock64()` sees it: `cycles_per_us` (median) and every measured sample."""
+
+    cycles_per_us: float
+    samples: tuple[float, ...]
+
+    def cycles(self, us: float) -> int:
+        return round(us * self.cycles_per_us)
+
+
+@dataclass
+class _Runtime:
+    catalog: KernelCatalog
+    kernels: dict[str, Any]
+    calibration: Calibration
+
+
+_runtimes: dict[int, _Runtime] = {}
+
+
+def _compile(cupy: Any, source: str, names: Sequence[str]) -> dict[str, Any]:
+    """Each named kernel of `source` as a CuPy `RawKernel`, compiled with NVRTC for the current device."""
+    from cupy.cuda.compiler import CompileException
+
+    try:
+        module = cupy.RawModule(code=source, options=("--std=c++17",))
+        return {name: module.get_function(name) for name in names}
+    except CompileException as exc:
+        raise BackendUnavailable(f"NVRTC could not compile {KERNEL_FILE}: {_one_line(exc)}") from None
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise BackendUnavailable(f"the CUDA driver could not load {KERNEL_FILE}: {_one_line(exc)}") from None
+
+
+def _calibrate(torch: Any, cupy: Any, spin: Any, device: int) -> Calibration:
+    """Measure clock64 cycles per microsecond on `device` (see the module docstring)."""
+    stream = torch.cuda.Stream()
+    ext = cupy.cuda.ExternalStream(stream.cuda_stream, device)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed_us(cycles: int) -> float:
+        begin.record(stream)
+        spin((1,), (1,), (np.int64(cycles),), stream=ext)
+        end.record(stream)
+        end.synchronize()
+        return begin.elapsed_time(end) * 1000.0
+
+    timed_us(1_000_000)  # first launch: module load, lazy context work
+    timed_us(40_000_000)  # ~20 ms at 2 GHz (~0.1 s if idle-clocked): lets the SM clock ramp up
+    short, long = 200_000, 4_000_000
+    samples = []
+    for _ in range(7):
+        t_short, t_long = timed_us(short), timed_us(long)
+        if t_long > t_short:
+            samples.append((long - short) / (t_long - t_short))
+    if not samples:
+        raise BackendUnavailable("could not calibrate the SM clock: spin timings did not grow with the spin")
+    return Calibration(statistics.median(samples), tuple(samples))
+
+
+def _runtime(torch: Any, cupy: Any, device: int) -> _Runtime:
+    """Compile and calibrate once per process and device; the caller has made `device` current."""
+    runtime = _runtimes.get(device)
+    if runtime is None:
+        source = kernel_source(KERNEL_FILE)
+        catalog = kernel_catalog(source)
+        kernels = _compile(cupy, source, catalog.names)
+        runtime = _Runtime(catalog, kernels, _calibrate(torch, cupy, kernels[catalog.spin], device))
+        _runtimes[device] = runtime
+    return runtime
+
+
+def clock_calibration(device: int = 0) -> Calibration:
+    """The clock calibration `execute` uses on `device` (compiles and measures on first use)."""
+    torch, cupy = _require(device)
+    with torch.cuda.device(device):
+        return _runtime(torch, cupy, device).calibration
+
+
+# -- execution ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _GpuMark:
+    """A device interval to read back once the run finished: two timing events and what they bracket."""
+
+    op_index: int
+    track: str
+    kind: str
+    label: str
+    begin: Any
+    end: Any
+
+
+@dataclass
+class _Bound:
+    """The staged program bound to device memory and torch streams: ready to issue."""
+
+    tables: list[Any]
+    staged: Any
+    observed: Any
+    streams: list[Any]
+    ext: list[Any]
+    events: list[Any]
+    launch_calls: dict[int, list[tuple[Any, tuple[int], tuple[Any, ...]]]]
+    spins: dict[int, tuple[Any, ...]]
+
+
+def _bind(
+    torch: Any, cupy: Any, runtime: _Runtime, program: Program, schedule: Schedule, staging: Staging, device: int
+) -> _Bound:
+    dev = torch.device("cuda", device)
+    tables = [torch.full((b.rows, b.cols), b.fill, dtype=torch.int32, device=dev) for b in program.buffers]
+    host = staging.host if staging.host.size else np.zeros(1, dtype=np.int32)
+    staged = torch.from_numpy(host).to(dev)
+    observed = torch.full((max(1, staging.observed_size),), POISON, dtype=torch.int32, device=dev)
+    taken = {torch.cuda.current_stream(dev).cuda_stream}
+    streams = draw_distinct_streams(len(program.streams), torch.cuda.Stream, lambda s: s.cuda_stream, taken)
+    ext = [cupy.cuda.ExternalStream(s.cuda_stream, device) for s in streams]
+    events = [torch.cuda.Event() for _ in program.events]
+    staged_ptr, observed_ptr = staged.data_ptr(), observed.data_ptr()
+    kernels, calibration = runtime.kernels, runtime.calibration
+    launch_calls: dict[int, list[tuple[Any, tuple[int], tuple[Any, ...]]]] = {}
+    for index, calls in staging.calls.items():
+        bound = []
+        for call in calls:
+            table = tables[call.buffer]
+            head = (np.uint64(table.data_ptr()), np.int32(table.shape[1]), np.uint64(staged_ptr + 4 * call.rects_at))
+            if call.reads:
+                args = (*head, np.uint64(observed_ptr), np.int64(calibration.cycles(call.spin_us)))
+            else:
+                args = (*head, np.uint64(staged_ptr))
+            bound.append((kernels[call.kernel], (call.count,), args))
+        launch_calls[index] = bound
+    spins = {index: (np.int64(calibration.cycles(us)),) for index, us in schedule.device_delays.items()}
+    return _Bound(tables, staged, observed, streams, ext, events, launch_calls, spins)
+
+
+def execute(program: Program, schedule: Schedule = NO_DELAYS, config: CudaConfig | None = None) -> Execution:
+    """Run `program` under `schedule` on the GPU; the result has the simulator's shape.
+
+    Returns an `Execution` whose `observations` hold, for every reading launch, one int32 array per entry
+    of `launch.reads` shaped like that range; `host_end_us` is the host time from the first op to the end
+    of the final device synchronize; `timeline` holds real spans when `config.timeline` (else it is
+    empty), and then `access_time_us` maps each launch to the end of its kernel span; `writers` is None
+    (the GPU does not track which launch stored a cell).
+
+    Raises:
+        BackendUnavailable: no usable GPU, torch or CuPy here, or the kernels failed to compile.
+        InvalidArgument: the schedule does not fit the program, or a bad device index.
+    """
+    config = config or CudaConfig()
+    schedule.check_against(program)
+    torch, cupy = _require(config.device)
+    with torch.cuda.device(config.device):
+        runtime = _runtime(torch, cupy, config.device)
+        staging = stage(program, schedule, runtime.catalog)
+        bound = _bind(torch, cupy, runtime, program, schedule, staging, config.device)
+        torch.cuda.synchronize()  # buffers filled and descriptors copied before any IR stream runs
+        return _issue(torch, program, schedule, staging, bound, runtime, config.timeline)
+
+
+def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
+    """Cut the flat observation buffer (as copied back from the device) into per-launch, per-range arrays."""
+    observations: Observations = {}
+    for launch in program.launches:
+        if launch.reads:
+            starts = staging.observed_at[launch.index]
+            observations[launch.index] = tuple(
+                observed[at : at + cells.size].reshape(cells.shape)
+                for cells, at in zip(launch.reads, starts, strict=True)
+            )
+    return observations
+
+
+def _host_span(index: int, kind: str, start: float, t0: float, label: str) -> Span:
+    """A host span from `start` (a perf_counter reading) to now, in µs since `t0`."""
+    return Span(index, HOST, kind, (start - t0) * 1e6, (time.perf_counter() - t0) * 1e6, label)
+
+
+def _issue(
+    torch: Any, program: Program, schedule: Schedule, staging: Staging, bound: _Bound, runtime: _Runtime, timeline: bool
+) -> Execution:
+    host_delays, spins, launch_calls = schedule.host_delays, bound.spins, bound.launch_calls
+    streams, ext, events = bound.streams, bound.ext, bound.events
+    spin_kernel = runtime.kernels[runtime.catalog.spin]
+    names = [s.name for s in program.streams]
+    block = (THREADS_PER_BLOCK,)
+    marks: list[_GpuMark] = []
+    host_spans: list[Span] = []
+    perf = time.perf_counter
+
+    def timing_event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    origin = None
+    if timeline:
+        origin = timing_event()
+        origin.record(torch.cuda.current_stream())  # completes at once: every stream is idle here
+    t0 = perf()
+    for op in program.ops:
+        index = op.index
+        if index in host_delays:
+            start = perf()
+            busy_wait_us(host_delays[index])
+            if timeline:
+                host_spans.append(_host_span(index, "host_delay", start, t0, "scheduled host delay"))
+        if isinstance(op, (Launch, Record, WaitEvent, WaitStream)):
+            s = op.stream.id
+            if index in spins:
+                mark = (
+                    _GpuMark(index, names[s], "spin", "injected delay", timing_event(), timing_event())
+                    if timeline
+                    else None
+                )
+                if mark is not None:
+                    mark.begin.record(streams[s])
+                spin_kernel((1,), (1,), spins[index], stream=ext[s])
+                if mark is not None:
+                    mark.end.record(streams[s])
+                    marks.append(mark)
+            if isinstance(op, Launch):
+                mark = (
+                    _GpuMark(index, names[s], "kernel", op.kernel, timing_event(), timing_event()) if timeline else None
+                )
+                if mark is not None:
+                    mark.begin.record(streams[s])
+                for kernel, grid, args in launch_calls[index]:
+                    kernel(grid, block, args, stream=ext[s])
+                if mark is not None:
+                    mark.end.record(streams[s])
+                    marks.append(mark)
+            elif isinstance(op, Record):
+                events[op.event.id].record(streams[s])
+            elif isinstance(op, WaitEvent):
+                streams[s].wait_event(events[op.event.id])
+            else:
+                streams[s].wait_stream(streams[op.other.id])
+        elif isinstance(op, HostDelay):
+            start = perf()
+            busy_wait_us(op.us)
+            if timeline:
+                host_spans.append(_host_span(index, "host_delay", start, t0, "host work"))
+        else:
+            start = perf()
+            if isinstance(op, EventSync):
+                events[op.event.id].synchronize()
+                label = f"{op.event}.synchronize()"
+            elif isinstance(op, StreamSync):
+                streams[op.stream.id].synchronize()
+                label = f"{op.stream}.synchronize()"
+            else:
+                assert isinstance(op, DeviceSync)
+                torch.cuda.synchronize()
+                label = "device synchronize"
+            if timeline:
+                host_spans.append(_host_span(index, "sync", start, t0, label))
+    torch.cuda.synchronize()
+    host_end_us = (perf() - t0) * 1e6
+
+    observations = collect_observations(program, staging, bound.observed.cpu().numpy())
+
+    spans: list[Span] = []
+    access_time: dict[int, float] = {}
+    if timeline:
+        assert origin is not None
+        for mark in marks:
+            begin_us = origin.elapsed_time(mark.begin) * 1000.0
+            end_us = origin.elapsed_time(mark.end) * 1000.0
+            spans.append(Span(mark.op_index, mark.track, mark.kind, begin_us, end_us, mark.label))
+            if mark.kind == "kernel":
+                access_time[mark.op_index] = end_us
+        spans.extend(host_spans)
+        spans.sort(key=lambda span: (span.start_us, span.op_index))
+    return Execution(observations, spans, host_end_us, None, access_time)

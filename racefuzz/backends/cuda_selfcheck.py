@@ -1,0 +1,132 @@
+"""`python -m racefuzz.backends.cuda_selfcheck`: what the CUDA backend measures on this machine.
+
+Prints the software and device, the clock64 calibration, how long spins of requested lengths really last
+(also right after the GPU sat idle, when its clock may have dropped), and what one `execute` costs next to a
+bare replay of the same kernel calls. These are figures for a report, not a test: nothing here asserts.
+Exits 2 with the reason when no usable GPU is here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from racefuzz.backends import cuda
+from racefuzz.litmus import all_litmus
+from racefuzz.program import DeviceSync, EventSync, Launch, Program, StreamSync
+from racefuzz.schedule import NO_DELAYS
+
+
+def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of one call, in µs, over `repeats` calls in batches of ten (after a warm-up)."""
+    for _ in range(20):
+        fn()
+    batches = []
+    for _ in range(max(1, repeats // 10)):
+        start = time.perf_counter()
+        for _ in range(10):
+            fn()
+        batches.append((time.perf_counter() - start) / 10 * 1e6)
+    return statistics.median(batches)
+
+
+def _scenario_program() -> Program:
+    """A small sglang overlap-loop program (two requests, eight iterations, plan stream, global WAR barrier)."""
+    from racefuzz.designs import BUILTIN
+    from racefuzz.scenarios.sglang import build_program
+    from racefuzz.scenarios.workload import RequestSpec, Workload
+
+    requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
+    return build_program(Workload(requests, iterations=8, plan_stream=True), BUILTIN["global-war"])
+
+
+def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
+    """One program's cost: the whole `execute`, the issue loop alone, and a bare replay of its kernel calls."""
+    runtime = cuda._runtimes[0]
+    full = _per_call_us(lambda: cuda.execute(program, NO_DELAYS), 300)
+    staging = cuda.stage(program, NO_DELAYS, runtime.catalog)
+    with torch.cuda.device(0):
+        bound = cuda._bind(torch, cupy, runtime, program, NO_DELAYS, staging, 0)
+    torch.cuda.synchronize()
+    issue = _per_call_us(lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, False), 300)
+    block = (cuda.THREADS_PER_BLOCK,)
+
+    def bare() -> None:
+        # The same kernel calls and host syncs, straight through CuPy: the floor any harness pays.
+        for op in program.ops:
+            if isinstance(op, Launch):
+                for kernel, grid, args in bound.launch_calls[op.index]:
+                    kernel(grid, block, args, stream=bound.ext[op.stream.id])
+            elif isinstance(op, (DeviceSync, EventSync, StreamSync)):
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+
+    floor = _per_call_us(bare, 300)
+    return (
+        f"  {name:26s} ({len(program.ops):3d} ops): execute {full:7.1f} us ({1e6 / full:6.0f} examples/s); "
+        f"issue+readback {issue:7.1f} us; bare kernel replay {floor:7.1f} us; execute/bare x{full / floor:.2f}"
+    )
+
+
+def main() -> int:
+    reason = cuda.cuda_unavailable_reason()
+    if reason is not None:
+        print(f"no usable GPU: {reason}")
+        return 2
+    import cupy
+    import torch
+
+    print(f"date (UTC): {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda})", end="")
+    print(f", cupy {cupy.__version__}")
+    print(f"device 0: {torch.cuda.get_device_name(0)}")
+
+    start = time.perf_counter()
+    calibration = cuda.clock_calibration(0)
+    print(f"\ncompile + calibrate: {(time.perf_counter() - start) * 1e3:.0f} ms")
+    print(f"clock64 calibration: {calibration.cycles_per_us:.1f} cycles/us (median)")
+    print(f"  samples: {', '.join(f'{s:.1f}' for s in calibration.samples)}")
+
+    runtime = cuda._runtimes[0]
+    spin = runtime.kernels[runtime.catalog.spin]
+    stream = torch.cuda.Stream()
+    ext = cupy.cuda.ExternalStream(stream.cuda_stream, 0)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def spin_us(us: float) -> float:
+        begin.record(stream)
+        spin((1,), (1,), (np.int64(calibration.cycles(us)),), stream=ext)
+        end.record(stream)
+        end.synchronize()
+        return begin.elapsed_time(end) * 1000.0
+
+    print("\nspin accuracy (requested -> measured by CUDA events, median of 5):")
+    for us in (10.0, 100.0, 1000.0, 2000.0, 10000.0, 50000.0):
+        measured = statistics.median(spin_us(us) for _ in range(5))
+        print(f"  {us:8.0f} us -> {measured:9.1f} us  (x{measured / us:.3f})")
+    for idle_s in (0.2, 1.0, 3.0):
+        time.sleep(idle_s)
+        first = spin_us(2000.0)
+        print(f"  2000 us right after {idle_s:.1f} s idle -> {first:.1f} us (x{first / 2000.0:.3f})")
+
+    print("\ncost of one example (no delays; median per call):")
+    litmus = {litmus.name: litmus.program for litmus in all_litmus()}
+    for name in ("war_unfenced", "wait_event_after_read", "transitive_three_streams"):
+        print(_cost_line(torch, cupy, name, litmus[name]))
+    try:
+        scenario = _scenario_program()
+    except Exception as exc:  # the scenario is another module's; its API may move under this script
+        print(f"  sglang scenario: skipped ({type(exc).__name__}: {exc})")
+    else:
+        print(_cost_line(torch, cupy, "sglang scenario", scenario))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
