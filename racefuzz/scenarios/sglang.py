@@ -1,0 +1,355 @@
+"""sglang's overlap event loop over `req_to_token`, as a host program on the device API.
+
+One iteration k of `Scheduler.event_loop_overlap` (see ../shared/docs/sglang-overlap-model.md, section 2):
+
+1. loop top: the design's `loop_top` hook (the global WAR barrier lives here until #31687);
+2. `get_next_batch_to_run` on the schedule stream S:
+   a. `stash_chunked_request`: a chunked request's previous chunk is re-cached (radix
+      `cache_unfinished_req`), a write to cells the previous forward reads;
+   b. prefill (`alloc_for_extend`): new requests take rows from the free list -- recycled rows included --
+      and write `R[row, done:done+chunk]`; a prefill batch takes priority over decode;
+   c. otherwise decode: DFLASH `prepare_for_decode` over-allocates `R[row, cur_alloc:reserved]` with
+      `reserved = max(cur_alloc, committed_host + 2B)`, on S or on the plan stream P;
+3. `run_batch`: S waits on the previous forward's `publish_ready` (FutureMap), F waits on S (the RAW
+   edge), then forward k reads on F: decode reads the draft block `R[row, P:P+B]`, the draft metadata
+   and the verify page table `R[row, 0:P+B]`; prefill reads `R[row, 0:done+chunk]`. Then compute,
+   `publish_ready`, and the copy stream's D2H behind `copy_done`;
+4. `pop_and_process` of forward k-1's result: the host blocks on `copy_done(k-1)` (this bounds the
+   in-flight window to one forward), learns accept lengths (committed lengths lag the GPU by one
+   forward), frees finished requests' rows -- while forward k, which still contains them, may read them --
+   and rewrites live rows' cached prefixes (post-launch radix rewrites, unfenced until #31687).
+
+The design's hooks are called at the points where sglang's sync code sits. Slot ids come from a counter
+and are never reused, so a clobbered read always shows a different value; rewrites always write new
+slot ids (the worst case of radix de-duplication).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from racefuzz.device import Device, EventHandle, StreamHandle
+from racefuzz.program import Buffer, Program
+from racefuzz.scenarios.workload import RequestSpec, Workload
+
+SCHEDULE_STREAM = "schedule_stream"
+FORWARD_STREAM = "forward_stream"
+PLAN_STREAM = "plan_stream"
+COPY_STREAM = "copy_stream"
+TABLE = "req_to_token"
+
+
+@dataclass
+class LoopContext:
+    """What a sync design sees at each hook.
+
+    Args:
+        device: the device API (`device.event(...)`, `device.synchronize()`).
+        schedule_stream, forward_stream, copy_stream: sglang's streams.
+        plan_stream: DFLASH's overlap plan stream, or None when the workload runs without one.
+        iteration: the overlap iteration k.
+        is_decode: whether this iteration's batch is a decode batch (False: prefill, or no batch).
+        state: the design's own memory across iterations (for example the events it recorded).
+    """
+
+    device: Device
+    schedule_stream: StreamHandle
+    forward_stream: StreamHandle
+    copy_stream: StreamHandle
+    plan_stream: StreamHandle | None
+    iteration: int = 0
+    is_decode: bool = False
+    state: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class _Request:
+    rid: int
+    spec: RequestSpec
+    row: int
+    done: int = 0  # prompt tokens prefilled so far (on the GPU and the host alike)
+    chunk_start: int = 0  # first column of the latest chunk
+    gpu_prefix: int = 0  # P: the committed length the next forward uses
+    committed_host: int = 0  # what the host knows of it: lags the GPU by one forward
+    cur_alloc: int = 0  # allocation watermark
+    steps: int = 0  # decode forwards launched
+    final_forward: int | None = None  # the iteration of its last decode forward
+    released: bool = False
+
+    @property
+    def prefilled(self) -> bool:
+        return self.done == self.spec.prompt_len
+
+
+@dataclass
+class _Batch:
+    iteration: int
+    is_decode: bool
+    requests: list[_Request]
+    accepts: dict[int, int]  # rid -> accept length of this forward (decode, not over-scheduled)
+    steps: dict[int, int]  # rid -> which decode step this forward was
+    copy_done: EventHandle
+    publish_ready: EventHandle
+
+
+class Hooks:
+    """Calls a design's optional hooks; the structural ones fall back to what sglang does."""
+
+    NAMES = (
+        "loop_top",
+        "prepare_decode",
+        "plan_enter",
+        "plan_fence",
+        "plan_exit",
+        "after_reads",
+        "forward_end",
+        "after_launch",
+        "wait_result",
+    )
+
+    def __init__(self, design: object) -> None:
+        self.design = design
+
+    def _get(self, name: str):
+        return getattr(self.design, name, None)
+
+    def call(self, name: str, ctx: LoopContext) -> None:
+        hook = self._get(name)
+        if hook is not None:
+            hook(ctx)
+
+    def plan_enter(self, ctx: LoopContext) -> None:
+        # dflash_info_v2.py:193 plan_stream.wait_stream(caller_stream): see the filter/merge writes.
+        hook = self._get("plan_enter")
+        if hook is not None:
+            hook(ctx)
+        else:
+            assert ctx.plan_stream is not None
+            ctx.plan_stream.wait_stream(ctx.schedule_stream)
+
+    def plan_exit(self, ctx: LoopContext) -> None:
+        # dflash_info_v2.py:238 caller_stream.wait_stream(plan_stream), outside the plan-stream context.
+        hook = self._get("plan_exit")
+        if hook is not None:
+            hook(ctx)
+        else:
+            assert ctx.plan_stream is not None
+            ctx.schedule_stream.wait_stream(ctx.plan_stream)
+
+    def wait_result(self, ctx: LoopContext, copy_done: EventHandle) -> None:
+        # batch_result_processor.py: result.copy_done.synchronize() before processing forward k-1.
+        hook = self._get("wait_result")
+        if hook is not None:
+            hook(ctx, copy_done)
+        else:
+            copy_done.synchronize()
+
+    @property
+    def headroom_blocks(self) -> int:
+        """Over-allocation headroom in blocks: `reserved = committed_host + headroom_blocks * B`."""
+        return int(getattr(self.design, "headroom_blocks", 2))
+
+
+class OverlapLoop:
+    """Builds the program of `workload.iterations` overlap iterations under one design."""
+
+    def __init__(self, workload: Workload, design: object) -> None:
+        self.workload = workload
+        self.hooks = Hooks(design)
+        self.device = Device()
+        d = self.device
+        self.ctx = LoopContext(
+            device=d,
+            schedule_stream=d.stream(SCHEDULE_STREAM),
+            forward_stream=d.stream(FORWARD_STREAM),
+            copy_stream=d.stream(COPY_STREAM),
+            plan_stream=d.stream(PLAN_STREAM) if workload.plan_stream else None,
+        )
+        # Row 0 is sglang's padding row; rows 1..rows are handed out FIFO, as ReqToTokenPool does.
+        self.table: Buffer = d.buffer(TABLE, workload.rows + 1, workload.max_context, fill=0)
+        self.hidden = d.buffer("hidden_states", 1, 2)  # forward-private scratch of the compute kernels
+        self.output = d.buffer("output_tokens_cpu", 1, 1)  # copy-stream-private D2H target
+        self.free_rows: deque[int] = deque(range(1, workload.rows + 1))
+        self.used_rows: set[int] = set()
+        self.waiting: deque[int] = deque()
+        self.live: list[_Request] = []
+        self.next_slot = 1
+        self.pending: _Batch | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _slots(self, n: int) -> list[int]:
+        first = self.next_slot
+        self.next_slot += n
+        return list(range(first, first + n))
+
+    def _info(self, requests: list[_Request], **extra: object) -> dict[str, object]:
+        return {"iteration": self.ctx.iteration, "requests": [r.rid for r in requests], **extra}
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def build(self) -> Program:
+        for k in range(self.workload.iterations):
+            self.iteration(k)
+        return self.device.finish()
+
+    def iteration(self, k: int) -> None:
+        ctx, hooks, w = self.ctx, self.hooks, self.workload
+        ctx.iteration = k
+        ctx.is_decode = False
+        for rid, spec in enumerate(w.requests):
+            if spec.arrival == k:
+                self.waiting.append(rid)
+        hooks.call("loop_top", ctx)
+
+        requests = self.prefill_batch() or self.decode_batch()
+        launched = self.run_batch(requests) if requests else None
+        if launched is not None:
+            hooks.call("after_launch", ctx)
+        self.process_result()
+        self.pending = launched
+
+    def prefill_batch(self) -> list[_Request] | None:
+        """stash_chunked_request, then admit new requests: the prefill path of get_next_batch_to_run."""
+        s, table = self.ctx.schedule_stream, self.table
+        batch: list[_Request] = []
+        chunked = [r for r in self.live if not r.prefilled]
+        if chunked:
+            writes = [(table[r.row, r.chunk_start : r.done], self._slots(r.done - r.chunk_start)) for r in chunked]
+            s.launch("stash_rewrite", writes=writes, info=self._info(chunked, site="stash_chunked_request"))
+            batch.extend(chunked)
+        recycled: list[int] = []
+        while self.waiting and self.free_rows:
+            spec = self.workload.requests[self.waiting[0]]
+            if chunked and spec.prompt_len > spec.chunk:
+                break  # one chunked request at a time, as sglang's single chunked_req
+            rid = self.waiting.popleft()
+            row = self.free_rows.popleft()
+            if row in self.used_rows:
+                recycled.append(row)
+            self.used_rows.add(row)
+            request = _Request(rid, spec, row)
+            self.live.append(request)
+            batch.append(request)
+            if spec.prompt_len > spec.chunk:
+                chunked = [request]
+        if not batch:
+            return None
+        writes = []
+        for r in batch:
+            n = min(r.spec.chunk, r.spec.prompt_len - r.done)
+            r.chunk_start = r.done
+            writes.append((table[r.row, r.done : r.done + n], self._slots(n)))
+            r.done += n
+        rows = [r.row for r in batch]
+        s.launch("prefill_write", writes=writes, info=self._info(batch, rows=rows, recycled_rows=recycled))
+        return batch
+
+    def decode_batch(self) -> list[_Request] | None:
+        """update_running_batch -> DFLASH prepare_for_decode: over-allocation, on S or the plan stream."""
+        batch = [r for r in self.live if r.prefilled and not r.released]
+        if not batch:
+            return None
+        ctx, hooks, w = self.ctx, self.hooks, self.workload
+        ctx.is_decode = True
+        hooks.call("prepare_decode", ctx)
+        stream = ctx.plan_stream or ctx.schedule_stream
+        if ctx.plan_stream is not None:
+            hooks.plan_enter(ctx)
+            hooks.call("plan_fence", ctx)
+        writes = []
+        grown = []
+        for r in batch:
+            reserved = max(r.cur_alloc, r.committed_host + hooks.headroom_blocks * w.block_size)
+            reserved = min(reserved, w.max_context)
+            if reserved > r.cur_alloc:
+                writes.append((self.table[r.row, r.cur_alloc : reserved], self._slots(reserved - r.cur_alloc)))
+                grown.append(r)
+                r.cur_alloc = reserved
+        if writes:
+            stream.launch("overalloc_write", writes=writes, info=self._info(grown, site=stream.name))
+        if ctx.plan_stream is not None:
+            hooks.plan_exit(ctx)
+        return batch
+
+    def run_batch(self, batch: list[_Request]) -> _Batch:
+        ctx, hooks, w, table = self.ctx, self.hooks, self.workload, self.table
+        s, f, c = ctx.schedule_stream, ctx.forward_stream, ctx.copy_stream
+        if self.pending is not None:
+            # FutureMap.resolve_seq_lens_cpu: publish_ready.wait() on the schedule stream.
+            s.wait_event(self.pending.publish_ready)
+        f.wait_stream(s)  # run_batch: forward_stream.wait_stream(schedule_stream), the RAW edge
+        info = self._info(batch)
+        B = w.block_size
+        accepts: dict[int, int] = {}
+        steps: dict[int, int] = {}
+        if ctx.is_decode:
+            f.launch("block_gather", reads=[table[r.row, r.gpu_prefix : r.gpu_prefix + B] for r in batch], info=info)
+            page_table = [table[r.row, 0 : r.gpu_prefix + B] for r in batch]
+            f.launch("draft_metadata", reads=page_table, info=info)
+            f.launch("draft_forward", writes=[(self.hidden[0, 0:1], 1)], cost_us=w.forward_cost_us / 2, info=info)
+            f.launch("verify_page_table", reads=page_table, info=info)
+        else:
+            f.launch("extend_page_table", reads=[table[r.row, 0 : r.done] for r in batch], info=info)
+        hooks.call("after_reads", ctx)
+        cost = w.forward_cost_us / 2 if ctx.is_decode else w.forward_cost_us
+        f.launch(
+            "verify_forward" if ctx.is_decode else "extend_forward",
+            writes=[(self.hidden[0, 1:2], 1)],
+            cost_us=cost,
+            info=info,
+        )
+        publish_ready = f.record_event("publish_ready")
+        hooks.call("forward_end", ctx)
+        c.wait_stream(f)
+        c.launch("copy_to_cpu", writes=[(self.output[0, 0:1], ctx.iteration)], info=info)
+        copy_done = c.record_event("copy_done")
+        # What the GPU now knows: prefixes advance by the accepted tokens.
+        for r in batch:
+            if not ctx.is_decode:
+                if r.prefilled:
+                    r.gpu_prefix = r.committed_host = r.cur_alloc = r.spec.prompt_len
+                continue
+            steps[r.rid] = r.steps
+            if r.steps < len(r.spec.accepts):  # else over-scheduled: finished, not yet known to the host
+                accepts[r.rid] = r.spec.accepts[r.steps]
+                r.gpu_prefix += accepts[r.rid]
+                if r.steps == len(r.spec.accepts) - 1:
+                    r.final_forward = ctx.iteration
+            r.steps += 1
+        return _Batch(ctx.iteration, ctx.is_decode, batch, accepts, steps, copy_done, publish_ready)
+
+    def process_result(self) -> None:
+        """pop_and_process of the previous batch, after this iteration's launch."""
+        batch = self.pending
+        if batch is None:
+            return
+        self.hooks.wait_result(self.ctx, batch.copy_done)
+        rewrites: list[_Request] = []
+        for r in batch.requests:
+            r.committed_host += batch.accepts.get(r.rid, 0)
+            if r.final_forward == batch.iteration and not r.released:
+                r.released = True  # release_kv_cache: the row is free while forward k may still read it
+                self.free_rows.append(r.row)
+                self.live.remove(r)
+            elif (
+                self.workload.post_launch_rewrites
+                and batch.is_decode
+                and batch.steps.get(r.rid) in r.spec.rewrite_at
+                and not r.released
+            ):
+                rewrites.append(r)
+        if rewrites:
+            writes = []
+            for r in rewrites:
+                n = min(r.committed_host, self.workload.block_size)
+                writes.append((self.table[r.row, 0:n], self._slots(n)))
+            self.ctx.schedule_stream.launch(
+                "post_launch_rewrite", writes=writes, info=self._info(rewrites, site="cache_unfinished_req")
+            )
+
+
+def build_program(workload: Workload, design: object) -> Program:
+    """The host program of `workload` under `design` (any object with some of `Hooks.NAMES`)."""
+    return OverlapLoop(workload, design).build()

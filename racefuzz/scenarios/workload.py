@@ -1,0 +1,95 @@
+"""The workload of the sglang overlap scenario: which requests arrive, how they prefill and decode.
+
+A workload is plain data (JSON round-trips exactly), so that a counterexample can be written to a replay
+file and re-run. Hypothesis draws workloads in `racefuzz.strategies`; shrinking moves every field toward
+its simplest value (fewer requests, one chunk, accept length 1, no rewrites, no plan stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from racefuzz.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request.
+
+    Args:
+        arrival: the iteration at which it enters the waiting queue.
+        prompt_len: tokens to prefill (>= 1).
+        chunk: chunked-prefill chunk size; a prompt longer than it prefills over several iterations.
+        accepts: the DFLASH accept length of each of its decode forwards, each in [1, block_size]; it
+            finishes after the last one (and is still in the next, over-scheduled forward).
+        rewrite_at: decode steps (0-based) after whose forward the result processing rewrites this
+            request's cached prefix (radix `cache_unfinished_req`) while the next forward is in flight.
+    """
+
+    arrival: int = 0
+    prompt_len: int = 4
+    chunk: int = 64
+    accepts: tuple[int, ...] = (1,)
+    rewrite_at: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The overlap loop's input.
+
+    Args:
+        requests: the requests, in arrival order.
+        iterations: overlap iterations to run.
+        block_size: DFLASH block size B (speculative_num_draft_tokens).
+        rows: req_to_token rows available to requests (row 0 is the padding row and is never handed out).
+        plan_stream: run DFLASH's decode prep (over-allocation) on the plan stream.
+        post_launch_rewrites: honour the requests' `rewrite_at` (result-processing rewrites).
+        forward_cost_us: duration of each forward's compute (draft and verify each take half).
+    """
+
+    requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
+    iterations: int = 8
+    block_size: int = 4
+    rows: int = 4
+    plan_stream: bool = False
+    post_launch_rewrites: bool = True
+    forward_cost_us: float = 40.0
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise InvalidArgument(f"workload: iterations must be >= 1, got {self.iterations}")
+        if self.block_size < 1:
+            raise InvalidArgument(f"workload: block_size must be >= 1, got {self.block_size}")
+        if self.rows < 1:
+            raise InvalidArgument(f"workload: rows must be >= 1, got {self.rows}")
+        if not self.forward_cost_us >= 0:
+            raise InvalidArgument(f"workload: forward_cost_us must be >= 0, got {self.forward_cost_us}")
+        for i, r in enumerate(self.requests):
+            if r.arrival < 0 or r.prompt_len < 1 or r.chunk < 1:
+                raise InvalidArgument(f"workload: request {i} needs arrival >= 0, prompt_len >= 1, chunk >= 1")
+            if not r.accepts or any(not 1 <= a <= self.block_size for a in r.accepts):
+                raise InvalidArgument(
+                    f"workload: request {i} accept lengths must be in [1, {self.block_size}], got {r.accepts}"
+                )
+
+    @property
+    def max_context(self) -> int:
+        """Columns of req_to_token: enough for every request's prompt, accepted tokens and reservation."""
+        longest = max((r.prompt_len + sum(r.accepts) for r in self.requests), default=1)
+        return longest + 3 * self.block_size
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> Workload:
+        if not isinstance(data, dict):
+            raise InvalidArgument("a workload is a JSON object")
+        try:
+            requests = tuple(
+                RequestSpec(**{**r, "accepts": tuple(r["accepts"]), "rewrite_at": tuple(r.get("rewrite_at", ()))})
+                for r in data.get("requests", ())
+            )
+            return cls(**{**data, "requests": requests})
+        except (TypeError, KeyError) as exc:
+            raise InvalidArgument(f"workload: malformed ({exc})") from None

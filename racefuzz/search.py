@@ -1,0 +1,206 @@
+"""The search: Hypothesis draws workloads and delay schedules, a backend runs them, two oracles judge.
+
+For one design, `search` runs up to `examples` examples. Each draws a workload, builds the program
+(scenario + design), draws a delay schedule for it, executes it, and checks
+
+* manifested corruption: every load equals the sequential reference (`racefuzz.oracle`);
+* happens-before: no conflicting access pair is unordered (`racefuzz.hb`; timing-independent).
+
+A manifested corruption fails the Hypothesis test, which then shrinks the workload and the schedule
+together to a minimal counterexample. When nothing manifested but the happens-before oracle saw races,
+a second search shrinks the workload on that oracle alone, so every race found comes back minimal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from racefuzz.backend import Executor
+from racefuzz.designs import Design
+from racefuzz.hb import Race, find_races
+from racefuzz.oracle import Corruption, find_corruptions
+from racefuzz.program import Program
+from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.workload import Workload
+from racefuzz.schedule import NO_DELAYS, Schedule
+from racefuzz.sim import Execution
+from racefuzz.strategies import HAZARDS, schedules, workloads
+
+
+@dataclass
+class Outcome:
+    """One example judged by both oracles."""
+
+    workload: Workload
+    schedule: Schedule
+    program: Program
+    execution: Execution | None
+    corruptions: list[Corruption]
+    races: list[Race]
+
+    @property
+    def oracle(self) -> str | None:
+        """Which oracle flagged it: `corruption` (manifested), `happens-before` (unordered only), or None."""
+        if self.corruptions:
+            return "corruption"
+        if self.races:
+            return "happens-before"
+        return None
+
+
+def judge(workload: Workload, design: Design, schedule: Schedule | None, run: Executor | None) -> Outcome:
+    """Build the program of `workload` under `design`, run it under `schedule` (if `run`), check both oracles."""
+    program = build_program(workload, design.hooks)
+    races = find_races(program)
+    if run is None or schedule is None:
+        return Outcome(workload, schedule or NO_DELAYS, program, None, [], races)
+    execution = run(program, schedule)
+    corruptions = find_corruptions(program, execution.observations, execution.writers)
+    return Outcome(workload, schedule, program, execution, corruptions, races)
+
+
+@dataclass
+class SearchResult:
+    """What a search found. `counterexample` is minimal (shrunk) when present."""
+
+    design: Design
+    backend: str
+    examples: int
+    seconds: float
+    counterexample: Outcome | None
+    first_detection_example: int | None = None
+    first_detection_seconds: float | None = None
+    manifested_examples: int = 0
+    racy_examples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return self.counterexample is not None
+
+
+class _Manifested(Exception):
+    """Raised inside the Hypothesis test when an example's loads differ from the reference."""
+
+
+class _Unordered(Exception):
+    """Raised inside the second search when a workload has an unordered conflicting pair."""
+
+
+def _settings(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+    )
+
+
+def search(
+    design: Design,
+    run: Executor,
+    *,
+    backend: str = "sim",
+    examples: int = 200,
+    seed: int = 0,
+    hazards: Collection[str] = HAZARDS,
+    plan_stream: bool | None = None,
+    max_delays: int = 4,
+    shrink: bool = True,
+    on_example: Callable[[int], None] | None = None,
+) -> SearchResult:
+    """Search `examples` examples for a race of `design`; see the module docstring."""
+    workload_strategy = workloads(hazards=hazards, plan_stream=plan_stream)
+    start = time.perf_counter()
+    counts = {"examples": 0, "manifested": 0, "racy": 0}
+    first: dict[str, float] = {}
+    last_failure: list[Outcome] = []
+    racy_workload: list[Workload] = []
+    shrinking = [False]
+
+    @hypothesis_seed(seed)
+    @_settings(examples)
+    @given(st.data())
+    def manifest(data: st.DataObject) -> None:
+        workload = data.draw(workload_strategy, label="workload")
+        program = build_program(workload, design.hooks)
+        schedule = data.draw(schedules(program, max_delays=max_delays), label="schedule")
+        execution = run(program, schedule)
+        corruptions = find_corruptions(program, execution.observations, execution.writers)
+        if not shrinking[0]:
+            counts["examples"] += 1
+            if on_example is not None:
+                on_example(counts["examples"])
+        if corruptions:
+            if not shrinking[0]:
+                counts["manifested"] += 1
+                first.setdefault("example", counts["examples"])
+                first.setdefault("seconds", time.perf_counter() - start)
+                shrinking[0] = shrink
+            last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, find_races(program))]
+            raise _Manifested
+        if not shrinking[0] and not racy_workload and find_races(program):
+            counts["racy"] += 1
+            racy_workload.append(workload)
+            first.setdefault("example", counts["examples"])
+            first.setdefault("seconds", time.perf_counter() - start)
+
+    try:
+        manifest()
+    except _Manifested:
+        pass
+    counterexample = last_failure[0] if last_failure else None
+
+    if counterexample is None and racy_workload:
+        counterexample = (
+            _shrink_unordered(design, racy_workload[0], workload_strategy, seed)
+            if shrink
+            else judge(racy_workload[0], design, None, None)
+        )
+
+    return SearchResult(
+        design=design,
+        backend=backend,
+        examples=counts["examples"],
+        seconds=time.perf_counter() - start,
+        counterexample=counterexample,
+        first_detection_example=int(first["example"]) if "example" in first else None,
+        first_detection_seconds=first.get("seconds"),
+        manifested_examples=counts["manifested"],
+        racy_examples=counts["racy"],
+    )
+
+
+def _shrink_unordered(design: Design, witness: Workload, strategy, seed: int) -> Outcome:
+    """A minimal workload with an unordered conflicting pair, starting from a known racy `witness`."""
+    from hypothesis import example
+
+    found: list[Outcome] = []
+
+    @hypothesis_seed(seed)
+    @_settings(200)
+    @example(witness)
+    @given(strategy)
+    def unordered(workload: Workload) -> None:
+        outcome = judge(workload, design, None, None)
+        if outcome.races:
+            found[:] = [outcome]
+            raise _Unordered
+
+    try:
+        unordered()
+    except _Unordered:
+        pass
+    assert found, "the witness workload is racy, so the search must fail"
+    return found[0]

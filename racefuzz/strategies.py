@@ -1,0 +1,128 @@
+"""Hypothesis strategies for workloads of the overlap loop and for delay schedules.
+
+Both are decoded from a byte string that Hypothesis draws and shrinks (in the manner of libFuzzer's
+FuzzedDataProvider): Hypothesis pays per draw, and one `binary()` draw per example is several times
+faster than dozens of integer draws, which is what lets the simulator run hundreds of examples a
+second. Every field is `minimum + byte % range`, so shrinking bytes toward zero and the string toward
+empty moves every field toward its simplest value: fewer and shorter requests, one chunk, accept length
+1, no rewrites, no plan stream; fewer delays, each toward zero.
+
+`hazards` restricts which hazards a workload may contain, so a result can be attributed to one:
+
+    recycled-row-prefill  requests finish and free rows that a later prefill reuses (tight row pool)
+    chunked-stash         prompts longer than the chunk size (stash rewrites of the previous chunk)
+    post-launch-rewrite   result processing rewrites live rows' prefixes
+    plan-stream           DFLASH decode prep runs on the plan stream
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from hypothesis import strategies as st
+
+from racefuzz.errors import InvalidArgument
+from racefuzz.program import Launch, Program, StreamOp
+from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.schedule import Schedule
+
+HAZARDS = ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
+
+MAX_BLOCK_SIZE = 4
+MAX_PROMPT = 12
+MAX_DECODE_STEPS = 6
+DELAY_STEP_US = 20.0
+"""A delay byte b means b * 20 us: 0 to 5.1 ms, far longer than the simulated kernels."""
+
+_HEADER = 4  # block size, iterations, rows, plan stream
+_REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), rewrite bits
+_DELAY = 4  # kind, op (2 bytes), length
+
+
+def check_hazards(hazards: Collection[str]) -> frozenset[str]:
+    unknown = set(hazards) - set(HAZARDS)
+    if unknown:
+        raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(HAZARDS)}")
+    return frozenset(hazards)
+
+
+def decode_workload(data: bytes, *, hazards: frozenset[str], max_iterations: int, plan_stream: bool | None) -> Workload:
+    """The workload a byte string stands for (see the module docstring)."""
+    data = data.ljust(_HEADER, b"\0")
+    block_size = 1 + data[0] % MAX_BLOCK_SIZE
+    chunked = "chunked-stash" in hazards
+    rewrites = "post-launch-rewrite" in hazards
+    requests = []
+    for at in range(_HEADER, len(data) - _REQUEST + 1, _REQUEST):
+        arrival, prompt, chunk, steps, lo, hi, mask = data[at : at + _REQUEST]
+        steps = 1 + steps % MAX_DECODE_STEPS
+        pattern = lo | hi << 8
+        requests.append(
+            RequestSpec(
+                arrival=arrival % max_iterations,
+                prompt_len=1 + prompt % MAX_PROMPT,
+                chunk=1 + chunk % MAX_PROMPT if chunked else 64,
+                accepts=tuple(1 + (pattern >> (2 * i)) % block_size for i in range(steps)),
+                rewrite_at=tuple(i for i in range(steps) if mask >> i & 1) if rewrites else (),
+            )
+        )
+    if not requests:
+        requests.append(RequestSpec(accepts=(1,)))
+    requests.sort(key=lambda r: r.arrival)
+    # A tight row pool recycles rows; one row per request never does.
+    rows = 1 + data[2] % len(requests) if "recycled-row-prefill" in hazards else len(requests)
+    if plan_stream is None:
+        plan_stream = "plan-stream" in hazards and bool(data[3] & 1)
+    return Workload(
+        requests=tuple(requests),
+        iterations=1 + data[1] % max_iterations,
+        block_size=block_size,
+        rows=rows,
+        plan_stream=plan_stream,
+        post_launch_rewrites=rewrites,
+    )
+
+
+def workloads(
+    *,
+    hazards: Collection[str] = HAZARDS,
+    max_requests: int = 8,
+    max_iterations: int = 8,
+    plan_stream: bool | None = None,
+) -> st.SearchStrategy[Workload]:
+    """Workloads with 1 to `max_requests` requests over 1 to `max_iterations` iterations.
+
+    `plan_stream` forces the plan stream on or off; None lets the `plan-stream` hazard decide.
+    """
+    allowed = check_hazards(hazards)
+    if max_requests < 1 or max_iterations < 1:
+        raise InvalidArgument("workloads: max_requests and max_iterations must be >= 1")
+    return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests).map(
+        lambda data: decode_workload(data, hazards=allowed, max_iterations=max_iterations, plan_stream=plan_stream)
+    )
+
+
+def decode_schedule(data: bytes, program: Program) -> Schedule:
+    """The delays a byte string stands for on `program`: each 4 bytes are (kind, op, op, length)."""
+    stream_ops = [op.index for op in program.ops if isinstance(op, StreamOp)]
+    readers = [op.index for op in program.ops if isinstance(op, Launch) and op.reads]
+    device_delays: dict[int, float] = {}
+    read_spins: dict[int, float] = {}
+    host_delays: dict[int, float] = {}
+    for at in range(0, len(data) - _DELAY + 1, _DELAY):
+        kind, lo, hi, length = data[at : at + _DELAY]
+        where, us = lo | hi << 8, length * DELAY_STEP_US
+        if kind % 3 == 0 and readers:
+            read_spins[readers[where % len(readers)]] = us
+        elif kind % 3 == 1 and stream_ops:
+            device_delays[stream_ops[where % len(stream_ops)]] = us
+        elif program.ops:
+            host_delays[where % len(program.ops)] = us
+    return Schedule(device_delays, read_spins, host_delays)
+
+
+def schedules(program: Program, *, max_delays: int = 4) -> st.SearchStrategy[Schedule]:
+    """Up to `max_delays` injected delays on `program`: read spins, spins before stream ops, host delays."""
+    if max_delays < 0:
+        raise InvalidArgument(f"schedules: max_delays must be >= 0, got {max_delays}")
+    return st.binary(max_size=_DELAY * max_delays).map(lambda data: decode_schedule(data, program))
