@@ -13,6 +13,7 @@ a second search shrinks the workload on that oracle alone, so every race found c
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -156,10 +157,8 @@ def search(
             first.setdefault("example", counts["examples"])
             first.setdefault("seconds", time.perf_counter() - start)
 
-    try:
+    with contextlib.suppress(_Manifested):
         manifest()
-    except _Manifested:
-        pass
     counterexample = last_failure[0] if last_failure else None
 
     if counterexample is None and racy_workload:
@@ -198,9 +197,7 @@ def _shrink_unordered(design: Design, witness: Workload, strategy, seed: int) ->
             found[:] = [outcome]
             raise _Unordered
 
-    try:
+    with contextlib.suppress(_Unordered):
         unordered()
-    except _Unordered:
-        pass
     assert found, "the witness workload is racy, so the search must fail"
     return found[0]
