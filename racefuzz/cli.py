@@ -1,0 +1,157 @@
+"""The `racefuzz` command.
+
+Exit codes: 0 no race found (and the negative control was caught), 1 a race was found (the report is on
+disk before it is printed), 2 usage or configuration error (one line on stderr), 3 inconclusive: the
+negative control was not caught, so "no race" would mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from racefuzz import __version__
+from racefuzz.errors import RacefuzzError
+
+EXIT_CLEAN, EXIT_RACE, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+CONTROL_DESIGN = "none"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+        self.exit(EXIT_USAGE, f"racefuzz: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _hazard_list(text: str) -> tuple[str, ...]:
+    from racefuzz.strategies import HAZARDS
+
+    names = tuple(h.strip() for h in text.split(",") if h.strip())
+    unknown = [h for h in names if h not in HAZARDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(HAZARDS)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from racefuzz.backend import BACKENDS
+    from racefuzz.report import DEFAULT_REPORT_DIR
+    from racefuzz.strategies import HAZARDS
+
+    parser = _Parser(prog="racefuzz", description="Fuzz CUDA stream-ordering races (WAR on req_to_token).")
+    parser.add_argument("--version", action="version", version=f"racefuzz {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="search one design for races (with a negative control)")
+    run.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable, else sim")
+    run.add_argument("--design", default="global-war", help="built-in name or module:attr (default: global-war)")
+    plan = run.add_mutually_exclusive_group()
+    plan.add_argument(
+        "--plan-stream",
+        dest="plan_stream",
+        action="store_true",
+        default=None,
+        help="always run DFLASH decode prep on the plan stream",
+    )
+    plan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false", help="never use the plan stream")
+    run.add_argument(
+        "--hazards",
+        type=_hazard_list,
+        default=HAZARDS,
+        help=f"comma-separated subset of {','.join(HAZARDS)} (default: all)",
+    )
+    run.add_argument("--examples", type=_positive_int, default=2000, help="examples to try (default 2000)")
+    run.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
+    run.add_argument("--max-delays", type=_non_negative_int, default=4, help="delays per schedule (default 4)")
+    run.add_argument("--json", type=Path, help="write a JSON summary here")
+    run.add_argument(
+        "--report-dir",
+        type=Path,
+        default=Path(DEFAULT_REPORT_DIR),
+        help=f"where replay files and reports go (default {DEFAULT_REPORT_DIR}/)",
+    )
+    run.add_argument(
+        "--no-control", action="store_true", help="skip the negative control (the result can then not prove 'no race')"
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    commands.add_parser("designs", help="list the built-in designs")
+
+    replay = commands.add_parser("replay", help="re-run a replay file and print its report")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--backend", choices=("sim", "cuda"), help="default: the backend recorded in the file")
+    replay.add_argument("--repeat", type=_positive_int, default=1, help="runs (default 1; 5 is sensible on GPU)")
+    replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
+
+    bench = commands.add_parser("bench", help="benchmarks; raw output goes to docs/results/")
+    bench.add_argument("which", choices=("engine", "scenario"))
+    bench.add_argument("--json", type=Path, help="write the raw figures here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            from racefuzz.commands.run import run_command
+
+            return run_command(args)
+        if args.command == "designs":
+            from racefuzz.designs import BUILTIN, describe
+
+            width = max(map(len, BUILTIN))
+            for name, design in BUILTIN.items():
+                print(f"{name:{width}}  {describe(design)}")
+            return EXIT_CLEAN
+        if args.command == "replay":
+            from racefuzz.commands.replay import replay_command
+
+            return replay_command(args)
+        if args.command == "bench":
+            return _bench(args)
+    except RacefuzzError as exc:
+        print(f"racefuzz: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("racefuzz: interrupted", file=sys.stderr)
+        return 130
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.which == "engine":
+        from racefuzz.bench import engine as bench
+    else:
+        from racefuzz.bench import scenario as bench  # type: ignore[no-redef]
+    results = bench.run()
+    print(bench.render(results))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The CLI's subcommands, one module each; `racefuzz.cli` parses and dispatches."""

@@ -1,0 +1,119 @@
+"""`racefuzz run`: search one design for races, beside the negative control."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import nullcontext
+
+from racefuzz import __version__
+from racefuzz.backend import executor, resolve_backend
+from racefuzz.designs import load_design
+from racefuzz.report import ReplayFile, render, write_replay
+from racefuzz.search import SearchResult, search
+
+
+def progress(total: int, label: str, quiet: bool):
+    """A tqdm bar on stderr when it is a terminal, else nothing."""
+    if quiet or not sys.stderr.isatty():
+        return nullcontext(None)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="ex", file=sys.stderr, leave=False)
+
+
+def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool = True) -> SearchResult:
+    with progress(args.examples, design.name, args.quiet) as bar:
+        return search(
+            design,
+            executor(backend),
+            backend=backend,
+            examples=args.examples,
+            seed=args.seed,
+            hazards=args.hazards,
+            plan_stream=args.plan_stream,
+            max_delays=args.max_delays,
+            shrink=shrink,
+            on_example=(lambda n: bar.update(1)) if bar is not None else None,
+        )
+
+
+def summary(result: SearchResult) -> dict[str, object]:
+    c = result.counterexample
+    return {
+        "design": result.design.name,
+        "backend": result.backend,
+        "examples": result.examples,
+        "seconds": round(result.seconds, 3),
+        "found": result.found,
+        "oracle": c.oracle if c else None,
+        "examples_to_detect": result.first_detection_example,
+        "seconds_to_detect": None
+        if result.first_detection_seconds is None
+        else round(result.first_detection_seconds, 3),
+        "shrunk": None
+        if c is None
+        else {
+            "requests": len(c.workload.requests),
+            "iterations": c.workload.iterations,
+            "nonzero_delays": c.schedule.nonzero_delays,
+        },
+        "races": [] if c is None else sorted({" ".join(race.key) for race in c.races}),
+    }
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from racefuzz.cli import CONTROL_DESIGN, EXIT_CLEAN, EXIT_INCONCLUSIVE, EXIT_RACE
+
+    backend = resolve_backend(args.backend)
+    design = load_design(args.design)
+    print(
+        f"racefuzz {__version__}: design {design.name} on {backend}, up to {args.examples} examples, seed {args.seed}, "
+        f"hazards {','.join(args.hazards)}"
+    )
+    control = None
+    if design.name != CONTROL_DESIGN and not args.no_control:
+        control = run_search(load_design(CONTROL_DESIGN), args, backend, shrink=False)
+        if control.found:
+            print(
+                f"negative control `{CONTROL_DESIGN}`: caught after {control.first_detection_example} example(s) "
+                f"({control.counterexample.oracle})"
+            )
+        else:
+            print(f"negative control `{CONTROL_DESIGN}`: NOT caught in {control.examples} examples")
+
+    result = run_search(design, args, backend)
+    report = {"racefuzz": __version__, "run": summary(result), "control": None if control is None else summary(control)}
+    outcome = result.counterexample
+    if outcome is not None:
+        assert outcome.oracle is not None
+        replay = ReplayFile(
+            design.spec, backend, args.seed, outcome.workload, outcome.schedule, outcome.oracle, __version__
+        )
+        replay_path = write_replay(replay, args.report_dir)  # on disk before anything else can fail
+        text = render(outcome, design=design.spec, backend=backend, replay_path=replay_path)
+        replay_path.with_suffix(".txt").write_text(text + "\n")
+        report["replay_file"] = str(replay_path)
+        _write_json(args, report)
+        print(text)
+        print(
+            f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "
+            f"report in {replay_path.with_suffix('.txt')}"
+        )
+        return EXIT_RACE
+    _write_json(args, report)
+    if control is not None and not control.found:
+        print(
+            f"INCONCLUSIVE: no race in {design.name} over {result.examples} examples, but the negative control was not "
+            "caught either; raise --examples or widen --hazards"
+        )
+        return EXIT_INCONCLUSIVE
+    print(f"no race found in design {design.name} over {result.examples} examples ({result.seconds:.1f} s)")
+    return EXIT_CLEAN
+
+
+def _write_json(args: argparse.Namespace, report: dict[str, object]) -> None:
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")

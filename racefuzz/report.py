@@ -1,0 +1,216 @@
+"""Counterexamples as people read and replay them: the text report and the versioned replay file.
+
+The replay file is plain JSON holding everything needed to rebuild the run: racefuzz's version, the
+scenario, the design (as loaded: a built-in name or `module:attr`), the workload, the schedule, the
+backend and the seed. It is written before the text report and before anything is printed, so a race
+found is on disk even if the rest fails.
+
+The text report opens with a fixed, greppable header (`==== racefuzz: ... ====`), then, for the first
+race, the writing access and the reading access (stream, kernel, iteration, requests, cells), the value
+read against the value expected, the missing ordering edge in plain words, and the command that replays
+it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from racefuzz.errors import InvalidArgument, ReplayError
+from racefuzz.hb import Race
+from racefuzz.oracle import Corruption
+from racefuzz.program import Launch
+from racefuzz.scenarios.workload import Workload
+from racefuzz.schedule import Schedule
+from racefuzz.search import Outcome
+
+FORMAT = "racefuzz-replay"
+FORMAT_VERSION = 1
+SCENARIO = "sglang-overlap"
+DEFAULT_REPORT_DIR = ".racefuzz"
+MAX_CELLS_SHOWN = 6
+
+
+@dataclass(frozen=True)
+class ReplayFile:
+    """The contents of a replay file."""
+
+    design: str
+    backend: str
+    seed: int
+    workload: Workload
+    schedule: Schedule
+    oracle: str
+    racefuzz_version: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "racefuzz": self.racefuzz_version,
+            "scenario": SCENARIO,
+            "design": self.design,
+            "backend": self.backend,
+            "seed": self.seed,
+            "oracle": self.oracle,
+            "workload": self.workload.to_json(),
+            "schedule": self.schedule.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: object, source: str) -> ReplayFile:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ReplayError(f'{source}: not a racefuzz replay file (no "format": "{FORMAT}")')
+        if data.get("version") != FORMAT_VERSION:
+            raise ReplayError(
+                f"{source}: replay format version {data.get('version')!r}, this racefuzz reads version {FORMAT_VERSION}"
+            )
+        if data.get("scenario") != SCENARIO:
+            raise ReplayError(f"{source}: unknown scenario {data.get('scenario')!r}")
+        try:
+            return cls(
+                design=str(data["design"]),
+                backend=str(data["backend"]),
+                seed=int(data["seed"]),
+                workload=Workload.from_json(data["workload"]),
+                schedule=Schedule.from_json(data["schedule"]),
+                oracle=str(data["oracle"]),
+                racefuzz_version=str(data.get("racefuzz", "?")),
+            )
+        except KeyError as exc:
+            raise ReplayError(f"{source}: missing field {exc}") from None
+        except (InvalidArgument, TypeError, ValueError) as exc:
+            raise ReplayError(f"{source}: {exc}") from None
+
+
+def load_replay(path: str | os.PathLike[str]) -> ReplayFile:
+    """Read a replay file; any problem is a one-line `ReplayError`."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ReplayError(f"cannot read replay file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReplayError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    return ReplayFile.from_json(data, str(path))
+
+
+def write_replay(replay: ReplayFile, report_dir: str | os.PathLike[str]) -> Path:
+    """Write `replay` under `report_dir` (created if needed) and return its path. Same content, same name."""
+    text = json.dumps(replay.to_json(), indent=2, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    directory = Path(report_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{replay.design.replace(':', '.').replace('/', '_')}-{digest}.json"
+    path.write_text(text)
+    return path
+
+
+# -- text --------------------------------------------------------------------------------------------------
+
+
+def _where(launch: Launch) -> str:
+    info = launch.info
+    parts = [f"op #{launch.index}", launch.kernel, f"on {launch.stream}"]
+    if "iteration" in info:
+        parts.append(f"iteration {info['iteration']}")
+    if "requests" in info:
+        parts.append(f"requests {info['requests']}")
+    return "  ".join(parts)
+
+
+def _cells(cells) -> str:
+    return ", ".join(str(c) for c in cells)
+
+
+def _primary_race(outcome: Outcome) -> Race | None:
+    """The race the report leads with: one that explains the first corruption, else the first race."""
+    if outcome.corruptions:
+        corruption = outcome.corruptions[0]
+        for race in outcome.races:
+            ops = {race.first.index, race.second.index}
+            if corruption.read.index in ops and ops & set(corruption.culprits):
+                return race
+    return outcome.races[0] if outcome.races else None
+
+
+def _corruption_lines(corruption: Corruption, outcome: Outcome) -> list[str]:
+    ops = outcome.program.ops
+    lines = []
+    writers = corruption.observed_writers or (None,) * len(corruption.cells)
+    shown = zip(
+        corruption.cells, corruption.observed, corruption.expected, writers, corruption.expected_writers, strict=False
+    )
+    for (row, col), got, want, got_by, want_by in list(shown)[:MAX_CELLS_SHOWN]:
+        table = corruption.read.reads[corruption.range_index].buffer.name
+        got_from = "" if got_by is None else f" (stored by {_writer(ops, got_by)})"
+        lines.append(
+            f"    {table}[{row}, {col}] read {got}{got_from}, expected {want} (stored by {_writer(ops, want_by)})"
+        )
+    hidden = len(corruption.cells) - MAX_CELLS_SHOWN
+    if hidden > 0:
+        lines.append(f"    ... and {hidden} more cells")
+    return lines
+
+
+def _writer(ops, index: int) -> str:
+    if index < 0:
+        return "nobody: the table's initial fill"
+    launch = ops[index]
+    return f"op #{index} {launch.kernel} on {launch.stream}"
+
+
+def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | None) -> str:
+    """The text report of a counterexample."""
+    race = _primary_race(outcome)
+    kind = race.kind.value if race else "ordering"
+    table = race.cells[0].buffer.name if race else "req_to_token"
+    lines = [f"==== racefuzz: {kind} race on {table} (design {design}, backend {backend}) ===="]
+    if outcome.corruptions:
+        lines.append(
+            f"verdict: manifested corruption: {len(outcome.corruptions)} read range(s) differ from the sequential "
+            f"reference; happens-before: {len(outcome.races)} unordered conflicting pair(s)"
+        )
+    else:
+        lines.append(
+            f"verdict: happens-before: {len(outcome.races)} unordered conflicting pair(s), not manifested under "
+            "this schedule"
+        )
+    if race is not None:
+        writer, reader = (race.second, race.first) if race.kind.value == "WAR" else (race.first, race.second)
+        lines.append(f"  write:  {_where(writer)}")
+        lines.append(f"          cells {_cells(writer.writes)}")
+        lines.append(f"  read:   {_where(reader)}")
+        lines.append(f"          cells {_cells(reader.reads)}")
+        lines.append(f"  shared: {_cells(race.cells)}")
+    for corruption in outcome.corruptions[:3]:
+        lines.append(f"  values read by op #{corruption.read.index} {corruption.read.kernel}:")
+        lines.extend(_corruption_lines(corruption, outcome))
+    if race is not None:
+        lines.append(f"  missing edge: {race.missing_edge()}")
+    others = [r for r in outcome.races if r is not race]
+    if others:
+        lines.append(f"  other unordered pairs ({len(others)}):")
+        for other in others[:5]:
+            lines.append(
+                f"    {other.kind} op #{other.first.index} {other.first.kernel} ({other.first.stream}) -> "
+                f"op #{other.second.index} {other.second.kernel} ({other.second.stream}) on {_cells(other.cells)}"
+            )
+        if len(others) > 5:
+            lines.append(f"    ... and {len(others) - 5} more")
+    w, s = outcome.workload, outcome.schedule
+    delays = [f"device_delays[{k}]={v:g}us" for k, v in s.device_delays.items()]
+    delays += [f"read_spins[{k}]={v:g}us" for k, v in s.read_spins.items()]
+    delays += [f"host_delays[{k}]={v:g}us" for k, v in s.host_delays.items()]
+    lines.append(
+        f"  counterexample: {len(w.requests)} request(s), {w.iterations} iteration(s), B={w.block_size}, "
+        f"{w.rows} row(s), plan stream {'on' if w.plan_stream else 'off'}; {s.nonzero_delays} non-zero delay(s)"
+        + (f": {', '.join(delays)}" if delays else "")
+    )
+    if replay_path is not None:
+        lines.append(f"  replay: racefuzz replay {replay_path}")
+    return "\n".join(lines)
