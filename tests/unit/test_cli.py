@@ -1,0 +1,130 @@
+"""The `racefuzz` command end to end on the simulator: exit codes, files on disk, replay round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from racefuzz.cli import EXIT_CLEAN, EXIT_RACE, EXIT_USAGE, main
+from racefuzz.designs import BUILTIN
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_designs_lists_every_builtin_with_one_line(capsys) -> None:
+    code, out, _ = run(capsys, "designs")
+    assert code == EXIT_CLEAN
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(BUILTIN)
+
+
+def test_none_is_caught_writes_files_and_replays_to_the_same_report(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(
+        capsys,
+        "run",
+        "--backend",
+        "sim",
+        "--design",
+        "none",
+        "--examples",
+        "300",
+        "--report-dir",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "summary.json"),
+        "--quiet",
+    )
+    assert code == EXIT_RACE
+    assert "==== racefuzz: WAR race on req_to_token (design none, backend sim) ====" in out
+    (replay_file,) = tmp_path.glob("none-*.json")
+    report = replay_file.with_suffix(".txt").read_text()
+    assert "missing edge:" in report and f"racefuzz replay {replay_file}" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["run"]["found"] is True and summary["replay_file"] == str(replay_file)
+
+    code, replay_out, _ = run(capsys, "replay", str(replay_file))
+    assert code == EXIT_RACE
+    assert replay_out.startswith(report.rstrip("\n"))
+    assert "reproduced the manifested corruption in 1/1 run(s) on sim" in replay_out
+
+
+def test_clean_design_passes_beside_a_caught_control(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(
+        capsys,
+        "run",
+        "--backend",
+        "sim",
+        "--design",
+        "war-after-launch",
+        "--examples",
+        "200",
+        "--report-dir",
+        str(tmp_path),
+        "--quiet",
+    )
+    assert code == EXIT_CLEAN, out
+    assert "negative control `none`: caught after" in out
+    assert "no race found in design war-after-launch over 200 examples" in out
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--design", "nope"], "unknown design 'nope'"),
+        (["run", "--design", "os.path:join"], "is not a design"),
+        (["run", "--examples", "0"], "expected a positive integer"),
+        (["run", "--examples", "many"], "expected a positive integer"),
+        (["run", "--hazards", "everything"], "unknown hazard"),
+        (["run", "--backend", "tpu"], "invalid choice"),
+        (["replay", "/nonexistent/replay.json"], "cannot read replay file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:  # argparse errors exit; ours return
+        raise SystemExit(main(argv))
+    assert exc.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "malformed JSON"),
+        ('{"format": "something-else"}', "not a racefuzz replay file"),
+        ('{"format": "racefuzz-replay", "version": 99}', "replay format version 99"),
+        (
+            '{"format": "racefuzz-replay", "version": 1, "scenario": "sglang-overlap", "design": "no-such",'
+            ' "backend": "sim", "seed": 0, "oracle": "corruption", "workload": {}, "schedule": {}}',
+            "unknown design 'no-such'",
+        ),
+        (
+            '{"format": "racefuzz-replay", "version": 1, "scenario": "sglang-overlap", "design": "none",'
+            ' "backend": "sim", "seed": 0, "oracle": "corruption", "workload": {"iterations": -1}, "schedule": {}}',
+            "iterations must be >= 1",
+        ),
+    ],
+)
+def test_bad_replay_files(capsys, tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    code, _, err = run(capsys, "replay", str(path))
+    assert code == EXIT_USAGE
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cuda_backend_without_a_gpu_is_a_one_line_error(capsys) -> None:
+    from racefuzz.backend import cuda_unavailable_reason
+
+    if cuda_unavailable_reason() is None:
+        pytest.skip("a GPU is usable here")
+    code, _, err = run(capsys, "run", "--backend", "cuda")
+    assert code == EXIT_USAGE and err.startswith("racefuzz: error: --backend cuda:")

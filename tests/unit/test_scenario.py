@@ -1,0 +1,114 @@
+"""The sglang overlap scenario: hazards appear where the model says, designs fence what they claim."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from racefuzz import InvalidArgument, Schedule, find_corruptions, find_races, simulate
+from racefuzz.designs import BUILTIN, load_design
+from racefuzz.program import Launch, WaitStream
+from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.workload import RequestSpec, Workload
+
+
+def races(workload: Workload, design: str) -> set[tuple[str, str, str]]:
+    program = build_program(workload, load_design(design).hooks)
+    return {(race.kind.value, race.first.kernel, race.second.kernel) for race in find_races(program)}
+
+
+# One workload per hazard, each the smallest that exhibits it.
+RECYCLE = Workload(
+    requests=(RequestSpec(0, 4, 64, (1,)), RequestSpec(3, 4, 64, (1,))), iterations=5, rows=1, block_size=2
+)
+STASH = Workload(requests=(RequestSpec(0, 6, 3, (1,)),), iterations=2)
+POST_LAUNCH = Workload(requests=(RequestSpec(0, 4, 64, (1, 1, 1), rewrite_at=(0,)),), iterations=4)
+PLAN = Workload(requests=(RequestSpec(0, 4, 64, (2, 2, 2)),), iterations=5, plan_stream=True)
+
+
+def test_recycled_row_prefill_races_with_the_over_scheduled_forward() -> None:
+    program = build_program(RECYCLE, load_design("none").hooks)
+    prefills = [op for op in program.launches if op.kernel == "prefill_write"]
+    assert prefills[-1].info["recycled_rows"] == [1], "the second request reuses the first one's row"
+    found = races(RECYCLE, "none")
+    assert ("WAR", "verify_page_table", "prefill_write") in found
+    assert races(RECYCLE, "self-event") == found, "self-event leaves prefill iterations unfenced"
+    for clean in ("global-war", "read-done", "war-after-launch"):
+        assert races(RECYCLE, clean) == set()
+
+
+def test_chunked_stash_rewrite_races_with_the_previous_chunk() -> None:
+    assert races(STASH, "none") == {("WAR", "extend_page_table", "stash_rewrite")}
+    assert races(STASH, "self-event") == {("WAR", "extend_page_table", "stash_rewrite")}
+    assert races(STASH, "global-war") == set()
+
+
+def test_post_launch_rewrite_races_unless_the_barrier_follows_the_launch() -> None:
+    expected = {("WAR", "draft_metadata", "post_launch_rewrite"), ("WAR", "verify_page_table", "post_launch_rewrite")}
+    for design in ("none", "self-event", "global-war", "read-done"):
+        assert races(POST_LAUNCH, design) == expected, design
+    assert races(POST_LAUNCH, "war-after-launch") == set()
+    assert races(replace(POST_LAUNCH, post_launch_rewrites=False), "none") == set()
+
+
+def test_steady_state_over_allocation_is_column_disjoint_even_unfenced() -> None:
+    # Section 2.4 of the model: the plan stream's over-allocation never touches cells the previous
+    # forward reads, so even `none` has no race here; plan writes are ordered before forward reads (RAW).
+    for design in BUILTIN:
+        assert races(PLAN, design) == set(), design
+    program = build_program(PLAN, load_design("none").hooks)
+    assert any(op.kernel == "overalloc_write" and op.stream.name == "plan_stream" for op in program.launches)
+
+
+def test_global_war_barrier_is_a_wait_stream_at_the_loop_top() -> None:
+    program = build_program(RECYCLE, load_design("global-war").hooks)
+    waits = [op for op in program.ops if isinstance(op, WaitStream) and op.stream.name == "schedule_stream"]
+    assert any(op.other.name == "forward_stream" for op in waits)
+
+
+def test_self_event_blocks_the_host_only_without_a_plan_stream() -> None:
+    def host_syncs(workload: Workload) -> int:
+        program = build_program(workload, load_design("self-event").hooks)
+        return sum(type(op).__name__ == "EventSync" and op.event.name == "verify_done" for op in program.ops)
+
+    assert host_syncs(replace(PLAN, plan_stream=False)) > 0
+    assert host_syncs(PLAN) == 0
+
+
+def test_forward_reads_stay_inside_the_allocated_cells() -> None:
+    # With 2B headroom every cell a forward reads was written for its request before it (no reads of
+    # never-allocated cells), which the sequential reference shows as no initial fill (0) being read.
+    for workload in (RECYCLE, STASH, POST_LAUNCH, PLAN):
+        program = build_program(workload, load_design("war-after-launch").hooks)
+        run = simulate(program)
+        for launch in program.launches:
+            for observed in run.observations.get(launch.index, ()):
+                assert (observed != 0).all(), f"{launch.describe()} read an unallocated cell"
+
+
+def test_manifests_under_a_read_spin_on_the_racing_reader() -> None:
+    program = build_program(POST_LAUNCH, load_design("global-war").hooks)
+    (race, *_) = find_races(program)
+    spin = Schedule(read_spins={race.first.index: 1000.0})
+    run = simulate(program, spin, track_writers=True)
+    corruptions = find_corruptions(program, run.observations, run.writers)
+    assert corruptions and corruptions[0].read.index == race.first.index
+    assert find_corruptions(program, simulate(program).observations) == []
+
+
+def test_workload_validation_and_json_round_trip() -> None:
+    assert Workload.from_json(POST_LAUNCH.to_json()) == POST_LAUNCH
+    with pytest.raises(InvalidArgument, match="accept lengths"):
+        Workload(requests=(RequestSpec(accepts=(5,)),), block_size=4)
+    with pytest.raises(InvalidArgument, match="iterations"):
+        Workload(iterations=0)
+    with pytest.raises(InvalidArgument, match="malformed"):
+        Workload.from_json({"requests": [{"bogus": 1}]})
+
+
+def test_every_launch_says_where_it_comes_from() -> None:
+    program = build_program(POST_LAUNCH, load_design("global-war").hooks)
+    for op in program.ops:
+        if isinstance(op, Launch):
+            assert "iteration" in op.info and "requests" in op.info
