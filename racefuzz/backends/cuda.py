@@ -39,9 +39,10 @@ from __future__ import annotations
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -156,23 +157,25 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-_verified = False
+_device_count: int | None = None
+"""Set once the environment passed `cuda_unavailable_reason`: how many devices torch sees."""
 
 
 def _require(device: int) -> tuple[Any, Any]:
     """(torch, cupy) when the GPU backend can run on `device`, else `BackendUnavailable` (one line)."""
-    global _verified
-    if not _verified:
+    global _device_count
+    if _device_count is None:
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise BackendUnavailable(f"the CUDA backend cannot run here: {reason}")
-        _verified = True
+        import torch
+
+        _device_count = torch.cuda.device_count()
     import cupy
     import torch
 
-    count = torch.cuda.device_count()
-    if device >= count:
-        raise InvalidArgument(f"CudaConfig.device is {device}, but torch sees {count} CUDA device(s)")
+    if device >= _device_count:
+        raise InvalidArgument(f"CudaConfig.device is {device}, but torch sees {_device_count} CUDA device(s)")
     return torch, cupy
 
 
@@ -234,14 +237,14 @@ def kernel_catalog(source: str) -> KernelCatalog:
 # -- staging (pure: no torch, no CuPy) ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StagedCall:
+class StagedCall(NamedTuple):
     """One kernel call of a launch: `kernel` over `count` rectangles of buffer `buffer`.
 
     Its descriptors are `count` runs of five ints (row0, nrows, col0, ncols, offset) at `rects_at` in the
     staging array. A writer's `offset` indexes the staging array itself (the values follow the
-    descriptors); a reader's indexes the observation buffer. `spin_us` is the reader's read window (only
-    the first read call of a launch spins: the later ones load right after it, inside the same window).
+    descriptors); a reader's indexes the observation slots, which start at `Staging.observed_base`.
+    `spin_us` is the reader's read window (only the first read call of a launch spins: the later ones
+    load right after it, inside the same window).
     """
 
     kernel: str
@@ -257,13 +260,17 @@ class Staging:
     """Everything the device needs before the first op, built on the host.
 
     Args:
-        host: int32: every call's descriptors, then every write's values (row-major).
-        observed_size: cells in the observation buffer (the sum of all read ranges' sizes).
+        host: int32: every call's descriptors, then every write's values (row-major), then one observation
+            slot per read cell, holding `POISON` until a reader stores into it. One copy to the device
+            carries all of it; one copy of the slots back carries every observation.
+        observed_base: where the observation slots start in `host`.
+        observed_size: how many slots there are (the sum of all read ranges' sizes).
         calls: launch index -> its kernel calls, in issue order (reads first).
-        observed_at: launch index -> where each of its read ranges starts in the observation buffer.
+        observed_at: launch index -> where each of its read ranges starts, counted from `observed_base`.
     """
 
     host: np.ndarray
+    observed_base: int
     observed_size: int
     calls: dict[int, tuple[StagedCall, ...]]
     observed_at: dict[int, tuple[int, ...]]
@@ -274,33 +281,24 @@ def _overlaps(a: Any, b: Any) -> bool:
 
 
 def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Staging:
-    """Pack `program`'s launches into kernel calls and one int32 array (see `Staging`)."""
+    """Pack `program`'s launches into kernel calls and one int32 array (see `Staging`).
+
+    It runs once per example, so it is written for speed: descriptors go into one flat list and values
+    into one list of chunks, each copied into the array in a single step at the end.
+    """
     launches = program.launches
-    rect_count = sum(len(launch.reads) + len(launch.writes) for launch in launches)
-    value_count = sum(cells.size for launch in launches for cells in launch.writes)
-    observed_size = sum(cells.size for launch in launches for cells in launch.reads)
-    total = 5 * rect_count + value_count
-    if max(total, observed_size) >= 2**31:
-        raise InvalidArgument(
-            f"program too large for int32 descriptors: {total} staged ints, {observed_size} read cells"
-        )
-    host = np.empty(total, dtype=np.int32)
-    rect_cursor, value_cursor, observed_cursor = 0, 5 * rect_count, 0
+    values_base = 5 * sum(len(launch.reads) + len(launch.writes) for launch in launches)
+    descriptors: list[int] = []
+    chunks: list[np.ndarray] = []
+    value_cursor, observed_cursor = values_base, 0
     calls: dict[int, tuple[StagedCall, ...]] = {}
     observed_at: dict[int, tuple[int, ...]] = {}
+    read_spins = schedule.read_spins
 
     def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool, spin_us: float) -> StagedCall:
-        nonlocal rect_cursor
-        at = rect_cursor
+        at = len(descriptors)
         for cells, offset in rects:
-            host[rect_cursor : rect_cursor + 5] = (
-                cells.row0,
-                cells.row1 - cells.row0,
-                cells.col0,
-                cells.col1 - cells.col0,
-                offset,
-            )
-            rect_cursor += 5
+            descriptors.extend((cells.row0, cells.row1 - cells.row0, cells.col0, cells.col1 - cells.col0, offset))
         return StagedCall(kernel, buffer, at, len(rects), reads, spin_us)
 
     for launch in launches:
@@ -311,29 +309,38 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
             for cells in launch.reads:
                 starts.append(observed_cursor)
                 by_buffer.setdefault(cells.buffer.id, []).append((cells, observed_cursor))
-                observed_cursor += cells.size
+                observed_cursor += (cells.row1 - cells.row0) * (cells.col1 - cells.col0)
             observed_at[launch.index] = tuple(starts)
             reader = catalog.reader_for(launch.kernel)
-            spin_us = schedule.read_spins.get(launch.index, 0.0)
-            for k, (buffer, rects) in enumerate(by_buffer.items()):
-                out.append(emit(reader, buffer, rects, True, spin_us if k == 0 else 0.0))
+            spin_us = read_spins.get(launch.index, 0.0)
+            for buffer, rects in by_buffer.items():
+                out.append(emit(reader, buffer, rects, True, spin_us))
+                spin_us = 0.0
         if launch.writes:
             # Per buffer, a list of calls; a store joins its buffer's last call unless it overlaps a store
             # already there, since the blocks of one call run in no fixed order.
             groups: dict[int, list[list[tuple[Any, int]]]] = {}
             for cells, values in zip(launch.writes, launch.values, strict=True):
-                host[value_cursor : value_cursor + cells.size] = values.reshape(-1)
+                chunks.append(values.reshape(-1))
                 buffer_calls = groups.setdefault(cells.buffer.id, [[]])
                 if any(_overlaps(cells, other) for other, _ in buffer_calls[-1]):
                     buffer_calls.append([])
                 buffer_calls[-1].append((cells, value_cursor))
-                value_cursor += cells.size
+                value_cursor += values.size
             writer = catalog.writer_for(launch.kernel)
             for buffer, buffer_calls in groups.items():
                 out.extend(emit(writer, buffer, rects, False, 0.0) for rects in buffer_calls)
         calls[launch.index] = tuple(out)
-    assert rect_cursor == 5 * rect_count and value_cursor == total and observed_cursor == observed_size
-    return Staging(host, observed_size, calls, observed_at)
+    total = value_cursor + observed_cursor
+    if total >= 2**31:
+        raise InvalidArgument(f"program too large for int32 offsets: {total} staged ints")
+    assert len(descriptors) == values_base
+    host = np.empty(max(1, total), dtype=np.int32)  # never empty: a device pointer is taken from it
+    host[:values_base] = descriptors
+    if chunks:
+        np.concatenate(chunks, out=host[values_base:value_cursor])
+    host[value_cursor:] = POISON
+    return Staging(host, value_cursor, observed_cursor, calls, observed_at)
 
 
 T = TypeVar("T")
@@ -414,7 +421,7 @@ def _compile(cupy: Any, source: str, names: Sequence[str]) -> dict[str, Any]:
 def _calibrate(torch: Any, cupy: Any, spin: Any, device: int) -> Calibration:
     """Measure clock64 cycles per microsecond on `device` (see the module docstring)."""
     stream = torch.cuda.Stream()
-    ext = cupy.cuda.ExternalStream(stream.cuda_stream, device)
+    ext = _external_stream(cupy, stream.cuda_stream, device)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def timed_us(cycles: int) -> float:
@@ -435,6 +442,25 @@ def _calibrate(torch: Any, cupy: Any, spin: Any, device: int) -> Calibration:
     if not samples:
         raise BackendUnavailable("could not calibrate the SM clock: spin timings did not grow with the spin")
     return Calibration(statistics.median(samples), tuple(samples))
+
+
+_external: dict[tuple[int, int], Any] = {}
+
+
+def _external_stream(cupy: Any, handle: int, device: int) -> Any:
+    """CuPy's view of the torch stream `handle`; cached, since torch's pool hands out the same few streams.
+
+    CuPy 14 deprecates `ExternalStream` for `Stream.from_external`; `ExternalStream` still works and takes
+    the raw handle on every CuPy since 9, so it stays, with its warning silenced here rather than globally.
+    """
+    key = (device, handle)
+    stream = _external.get(key)
+    if stream is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = cupy.cuda.ExternalStream(handle, device)
+        _external[key] = stream
+    return stream
 
 
 def _runtime(torch: Any, cupy: Any, device: int) -> _Runtime:
@@ -477,7 +503,6 @@ class _Bound:
 
     tables: list[Any]
     staged: Any
-    observed: Any
     streams: list[Any]
     ext: list[Any]
     events: list[Any]
@@ -490,29 +515,33 @@ def _bind(
 ) -> _Bound:
     dev = torch.device("cuda", device)
     tables = [torch.full((b.rows, b.cols), b.fill, dtype=torch.int32, device=dev) for b in program.buffers]
-    host = staging.host if staging.host.size else np.zeros(1, dtype=np.int32)
-    staged = torch.from_numpy(host).to(dev)
-    observed = torch.full((max(1, staging.observed_size),), POISON, dtype=torch.int32, device=dev)
+    staged = torch.from_numpy(staging.host).to(dev)
     taken = {torch.cuda.current_stream(dev).cuda_stream}
     streams = draw_distinct_streams(len(program.streams), torch.cuda.Stream, lambda s: s.cuda_stream, taken)
-    ext = [cupy.cuda.ExternalStream(s.cuda_stream, device) for s in streams]
+    ext = [_external_stream(cupy, s.cuda_stream, device) for s in streams]
     events = [torch.cuda.Event() for _ in program.events]
-    staged_ptr, observed_ptr = staged.data_ptr(), observed.data_ptr()
+    staged_ptr = staged.data_ptr()
+    # Argument objects shared between calls where they can be: this loop runs once per example.
+    tables_arg = [(np.uint64(t.data_ptr()), np.int32(t.shape[1])) for t in tables]
+    values_arg = np.uint64(staged_ptr)
+    observed_arg = np.uint64(staged_ptr + 4 * staging.observed_base)
+    no_spin = np.int64(0)
     kernels, calibration = runtime.kernels, runtime.calibration
     launch_calls: dict[int, list[tuple[Any, tuple[int], tuple[Any, ...]]]] = {}
     for index, calls in staging.calls.items():
         bound = []
         for call in calls:
-            table = tables[call.buffer]
-            head = (np.uint64(table.data_ptr()), np.int32(table.shape[1]), np.uint64(staged_ptr + 4 * call.rects_at))
+            table, ld = tables_arg[call.buffer]
+            rects = np.uint64(staged_ptr + 4 * call.rects_at)
             if call.reads:
-                args = (*head, np.uint64(observed_ptr), np.int64(calibration.cycles(call.spin_us)))
+                spin = np.int64(calibration.cycles(call.spin_us)) if call.spin_us else no_spin
+                args: tuple[Any, ...] = (table, ld, rects, observed_arg, spin)
             else:
-                args = (*head, np.uint64(staged_ptr))
+                args = (table, ld, rects, values_arg)
             bound.append((kernels[call.kernel], (call.count,), args))
         launch_calls[index] = bound
     spins = {index: (np.int64(calibration.cycles(us)),) for index, us in schedule.device_delays.items()}
-    return _Bound(tables, staged, observed, streams, ext, events, launch_calls, spins)
+    return _Bound(tables, staged, streams, ext, events, launch_calls, spins)
 
 
 def execute(program: Program, schedule: Schedule = NO_DELAYS, config: CudaConfig | None = None) -> Execution:
@@ -540,7 +569,7 @@ def execute(program: Program, schedule: Schedule = NO_DELAYS, config: CudaConfig
 
 
 def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
-    """Cut the flat observation buffer (as copied back from the device) into per-launch, per-range arrays."""
+    """Cut the observation slots (`host[observed_base:]` as copied back) into per-launch, per-range arrays."""
     observations: Observations = {}
     for launch in program.launches:
         if launch.reads:
@@ -637,7 +666,8 @@ def _issue(
     torch.cuda.synchronize()
     host_end_us = (perf() - t0) * 1e6
 
-    observations = collect_observations(program, staging, bound.observed.cpu().numpy())
+    observed = bound.staged[staging.observed_base :].cpu().numpy()
+    observations = collect_observations(program, staging, observed)
 
     spans: list[Span] = []
     access_time: dict[int, float] = {}

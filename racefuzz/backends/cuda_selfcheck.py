@@ -74,6 +74,35 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     )
 
 
+def _short(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _designs_without_delays() -> None:
+    """Per built-in design: GPU runs that corrupted, and whether the GPU loaded what the simulator did."""
+    from racefuzz import find_corruptions, simulate
+    from racefuzz.designs import BUILTIN
+    from racefuzz.scenarios.sglang import build_program
+    from racefuzz.scenarios.workload import RequestSpec, Workload
+
+    requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
+    workload = Workload(requests, iterations=8, plan_stream=True)
+    for name, design in BUILTIN.items():
+        program = build_program(workload, design)
+        sim = simulate(program, NO_DELAYS)
+        sim_bad = bool(find_corruptions(program, sim.observations))
+        corrupted = equal = 0
+        for _ in range(5):
+            gpu = cuda.execute(program, NO_DELAYS)
+            corrupted += bool(find_corruptions(program, gpu.observations))
+            equal += all(
+                all(np.array_equal(g, w) for g, w in zip(gpu.observations[i], sim.observations[i], strict=True))
+                for i in sim.observations
+            )
+        print(f"  {name:18s}: GPU corrupted {corrupted}/5, equal to the simulator {equal}/5", end="")
+        print(f" (the simulator corrupts: {sim_bad})")
+
+
 def main() -> int:
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
@@ -125,6 +154,21 @@ def main() -> int:
         print(f"  sglang scenario: skipped ({type(exc).__name__}: {exc})")
     else:
         print(_cost_line(torch, cupy, "sglang scenario", scenario))
+        timed = _per_call_us(lambda: cuda.execute(scenario, NO_DELAYS, cuda.CudaConfig(timeline=True)), 100)
+        print(f"  sglang scenario with timeline=True: execute {timed:7.1f} us")
+        print("\nsglang scenario per design, no delays, 5 GPU runs each (the GPU ignores Launch.cost_us):")
+        try:
+            _designs_without_delays()
+        except Exception as exc:
+            print(f"  skipped ({type(exc).__name__}: {exc})")
+
+    print("\ncupy.cuda.Stream.from_external (ExternalStream's replacement in CuPy 14) on a torch stream:")
+    probe = torch.cuda.Stream()
+    try:
+        wrapped = cupy.cuda.Stream.from_external(probe)
+        print(f"  works; same handle: {wrapped.ptr == probe.cuda_stream}")
+    except Exception as exc:
+        print(f"  fails: {type(exc).__name__}: {_short(exc)}")
     return 0
 
 

@@ -119,26 +119,29 @@ def test_catalog_refuses_a_source_without_the_fallbacks() -> None:
 
 
 def emulate(program: Program, staging: Staging) -> np.ndarray:
-    """Run every staged call in host order on numpy tables, as the kernels would; return the observation buffer."""
+    """Run every staged call in host order on numpy tables, as the kernels would; return the observation slots."""
     tables = {b.id: np.full((b.rows, b.cols), b.fill, dtype=np.int32) for b in program.buffers}
-    observed = np.full(staging.observed_size, POISON, dtype=np.int32)
-    host = staging.host
+    host = staging.host.copy()  # the device copy: readers store into its observation slots
+    observed = host[staging.observed_base :]
+    assert (observed[: staging.observed_size] == POISON).all()
     for launch in program.launches:
         for call in staging.calls[launch.index]:
             assert (call.kernel in CATALOG.readers) == call.reads
             assert (call.kernel in CATALOG.writers) == (not call.reads)
             table = tables[call.buffer]
             for k in range(call.count):
-                row0, nrows, col0, ncols, offset = (
-                    int(v) for v in host[call.rects_at + 5 * k : call.rects_at + 5 * k + 5]
-                )
+                at = call.rects_at + 5 * k
+                assert at + 5 <= staging.observed_base, "descriptors lie before the observation slots"
+                row0, nrows, col0, ncols, offset = (int(v) for v in host[at : at + 5])
                 cells = table[row0 : row0 + nrows, col0 : col0 + ncols]
                 n = nrows * ncols
                 if call.reads:
+                    assert offset + n <= staging.observed_size
                     observed[offset : offset + n] = cells.reshape(-1)
                 else:
+                    assert offset + n <= staging.observed_base, "writers read values, never observation slots"
                     cells[...] = host[offset : offset + n].reshape(nrows, ncols)
-    return observed
+    return observed[: staging.observed_size]
 
 
 def assert_same(got: dict[int, tuple[np.ndarray, ...]], want: dict[int, tuple[np.ndarray, ...]]) -> None:
