@@ -22,7 +22,7 @@ from collections.abc import Collection
 from hypothesis import strategies as st
 
 from racefuzz.errors import InvalidArgument
-from racefuzz.program import Launch, Program, StreamOp
+from racefuzz.program import Program
 from racefuzz.scenarios.workload import RequestSpec, Workload
 from racefuzz.schedule import Schedule
 
@@ -103,9 +103,15 @@ def workloads(
 
 
 def decode_schedule(data: bytes, program: Program) -> Schedule:
-    """The delays a byte string stands for on `program`: each 4 bytes are (kind, op, op, length)."""
-    stream_ops = [op.index for op in program.ops if isinstance(op, StreamOp)]
-    readers = [op.index for op in program.ops if isinstance(op, Launch) and op.reads]
+    """The delays a byte string stands for on `program`: each 4 bytes are (kind, launch, launch, length).
+
+    Delays attach to launches only -- a read spin on a reading launch, a spin on the stream before a
+    launch, a host delay before issuing a launch -- chosen by position among the launches. Designs add
+    sync ops but not launches, so the same bytes put the same delays on the same kernels under every
+    design of one workload: that is what lets designs be compared on the same schedule.
+    """
+    launches = program.launches
+    readers = [op.index for op in launches if op.reads]
     device_delays: dict[int, float] = {}
     read_spins: dict[int, float] = {}
     host_delays: dict[int, float] = {}
@@ -114,15 +120,15 @@ def decode_schedule(data: bytes, program: Program) -> Schedule:
         where, us = lo | hi << 8, length * DELAY_STEP_US
         if kind % 3 == 0 and readers:
             read_spins[readers[where % len(readers)]] = us
-        elif kind % 3 == 1 and stream_ops:
-            device_delays[stream_ops[where % len(stream_ops)]] = us
-        elif program.ops:
-            host_delays[where % len(program.ops)] = us
+        elif kind % 3 == 1 and launches:
+            device_delays[launches[where % len(launches)].index] = us
+        elif launches:
+            host_delays[launches[where % len(launches)].index] = us
     return Schedule(device_delays, read_spins, host_delays)
 
 
 def schedules(program: Program, *, max_delays: int = 4) -> st.SearchStrategy[Schedule]:
-    """Up to `max_delays` injected delays on `program`: read spins, spins before stream ops, host delays."""
+    """Up to `max_delays` injected delays on `program`: read spins, spins before launches, host delays."""
     if max_delays < 0:
         raise InvalidArgument(f"schedules: max_delays must be >= 0, got {max_delays}")
     return st.binary(max_size=_DELAY * max_delays).map(lambda data: decode_schedule(data, program))
