@@ -26,9 +26,9 @@ good one); every call's argument tuple is built before the first op. Then the op
 order, the device is synchronized, and the observations are copied back once.
 
 Delays are microseconds in the schedule but the kernels spin on `clock64()`, which counts SM cycles. The
-cycles-per-microsecond rate is measured once per process and device (`clock_calibration`): after a warm-up
-spin that lifts the SM clock out of its idle state, spins of a short and a long cycle count are timed with
-CUDA events on one stream, and the rate is the median over several pairs of (long - short cycles) /
+cycles-per-microsecond rate is measured once per process and device (`clock_calibration`, ~0.1 s): after
+a warm-up spin that lifts the SM clock out of its idle state, spins of 1 M and 10 M cycles are timed with
+CUDA events on one stream, and the rate is the median over five pairs of (long - short cycles) /
 (long - short time), which cancels the launch and event overheads. A GPU that changes its clock later
 (an idle drop, thermal throttling) stretches or shrinks the real delays by the same ratio; the
 `timeline=True` spans show the real durations.
@@ -433,9 +433,11 @@ def _calibrate(torch: Any, cupy: Any, spin: Any, device: int) -> Calibration:
 
     timed_us(1_000_000)  # first launch: module load, lazy context work
     timed_us(40_000_000)  # ~20 ms at 2 GHz (~0.1 s if idle-clocked): lets the SM clock ramp up
-    short, long = 200_000, 4_000_000
+    # ~0.5 ms and ~5 ms at 2 GHz: the range of the delays schedules use, long enough that the timing
+    # events' microsecond-scale jitter stays far below 1% of the difference.
+    short, long = 1_000_000, 10_000_000
     samples = []
-    for _ in range(7):
+    for _ in range(5):
         t_short, t_long = timed_us(short), timed_us(long)
         if t_long > t_short:
             samples.append((long - short) / (t_long - t_short))

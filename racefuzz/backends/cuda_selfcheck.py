@@ -2,7 +2,7 @@
 
 Prints the software and device, the clock64 calibration, how long spins of requested lengths really last
 (also right after the GPU sat idle, when its clock may have dropped), and what one `execute` costs next to a
-bare replay of the same kernel calls. These are figures for a report, not a test: nothing here asserts.
+hand-written replay of the same ops. These are figures for a report, not a test: nothing here asserts.
 Exits 2 with the reason when no usable GPU is here.
 """
 
@@ -19,13 +19,23 @@ import numpy as np
 
 from racefuzz.backends import cuda
 from racefuzz.litmus import all_litmus
-from racefuzz.program import DeviceSync, EventSync, Launch, Program, StreamSync
+from racefuzz.program import (
+    DeviceSync,
+    EventSync,
+    HostDelay,
+    Launch,
+    Program,
+    Record,
+    StreamSync,
+    WaitEvent,
+    WaitStream,
+)
 from racefuzz.schedule import NO_DELAYS
 
 
 def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time of one call, in µs, over `repeats` calls in batches of ten (after a warm-up)."""
-    for _ in range(20):
+    for _ in range(50):  # also lifts the GPU clock out of any idle state left by the previous measurement
         fn()
     batches = []
     for _ in range(max(1, repeats // 10)):
@@ -47,30 +57,67 @@ def _scenario_program() -> Program:
 
 
 def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
-    """One program's cost: the whole `execute`, the issue loop alone, and a bare replay of its kernel calls."""
+    """One program's cost per example: `execute`, its phases, and two hand-written replays to compare with.
+
+    * plain replay: the program's ops as a hand-written script would issue them, on already allocated
+      tables with prebuilt kernel arguments: the same CuPy kernel calls, torch records, waits and syncs,
+      then a device synchronize (no staging, no readback);
+    * kernels only: the kernel calls and host syncs alone, without the torch event and wait calls.
+    """
     runtime = cuda._runtimes[0]
-    full = _per_call_us(lambda: cuda.execute(program, NO_DELAYS), 300)
     staging = cuda.stage(program, NO_DELAYS, runtime.catalog)
     with torch.cuda.device(0):
         bound = cuda._bind(torch, cupy, runtime, program, NO_DELAYS, staging, 0)
     torch.cuda.synchronize()
-    issue = _per_call_us(lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, False), 300)
     block = (cuda.THREADS_PER_BLOCK,)
+    streams, ext = bound.streams, bound.ext
 
-    def bare() -> None:
-        # The same kernel calls and host syncs, straight through CuPy: the floor any harness pays.
+    def plain() -> None:
+        events = [torch.cuda.Event() for _ in program.events]
         for op in program.ops:
             if isinstance(op, Launch):
                 for kernel, grid, args in bound.launch_calls[op.index]:
-                    kernel(grid, block, args, stream=bound.ext[op.stream.id])
+                    kernel(grid, block, args, stream=ext[op.stream.id])
+            elif isinstance(op, Record):
+                events[op.event.id].record(streams[op.stream.id])
+            elif isinstance(op, WaitEvent):
+                streams[op.stream.id].wait_event(events[op.event.id])
+            elif isinstance(op, WaitStream):
+                streams[op.stream.id].wait_stream(streams[op.other.id])
+            elif isinstance(op, EventSync):
+                events[op.event.id].synchronize()
+            elif isinstance(op, StreamSync):
+                streams[op.stream.id].synchronize()
+            elif isinstance(op, DeviceSync):
+                torch.cuda.synchronize()
+            elif isinstance(op, HostDelay):
+                cuda.busy_wait_us(op.us)
+        torch.cuda.synchronize()
+
+    def kernels_only() -> None:
+        for op in program.ops:
+            if isinstance(op, Launch):
+                for kernel, grid, args in bound.launch_calls[op.index]:
+                    kernel(grid, block, args, stream=ext[op.stream.id])
             elif isinstance(op, (DeviceSync, EventSync, StreamSync)):
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
 
-    floor = _per_call_us(bare, 300)
+    def bind() -> None:
+        with torch.cuda.device(0):
+            cuda._bind(torch, cupy, runtime, program, NO_DELAYS, staging, 0)
+            torch.cuda.synchronize()
+
+    floor = _per_call_us(plain, 300)
+    bare = _per_call_us(kernels_only, 300)
+    full = _per_call_us(lambda: cuda.execute(program, NO_DELAYS), 300)
+    staged = _per_call_us(lambda: cuda.stage(program, NO_DELAYS, runtime.catalog), 300)
+    bound_us = _per_call_us(bind, 300)
+    issue = _per_call_us(lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, False), 300)
     return (
-        f"  {name:26s} ({len(program.ops):3d} ops): execute {full:7.1f} us ({1e6 / full:6.0f} examples/s); "
-        f"issue+readback {issue:7.1f} us; bare kernel replay {floor:7.1f} us; execute/bare x{full / floor:.2f}"
+        f"  {name:26s} ({len(program.ops):3d} ops): execute {full:7.1f} us ({1e6 / full:6.0f} examples/s) "
+        f"= stage {staged:6.1f} + bind&sync {bound_us:6.1f} + issue&readback {issue:6.1f} (+ rest); "
+        f"plain replay {floor:7.1f} us, kernels only {bare:7.1f} us; execute/plain x{full / floor:.2f}"
     )
 
 
