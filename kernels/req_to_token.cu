@@ -1,7 +1,8 @@
 // racefuzz device kernels: writers and readers of a 2-D int32 table (sglang's req_to_token) and a spin.
 //
 // Access shape (the simulator assumes the same, see racefuzz/sim.py):
-//   * writers store at once, when they start;
+//   * writers store at once, when they start (the simulator applies a launch's stores at its end, the same
+//     instant for these short writers);
 //   * readers first spin for `spin_cycles` (their injected read window), then load every cell they
 //     read and copy it, unchanged, into an observation buffer.
 // A launch touches a list of rectangles. Rectangle i is described by five ints at rects[5*i]:

@@ -22,9 +22,7 @@ from racefuzz.hb import find_races
 from racefuzz.oracle import find_corruptions
 from racefuzz.scenarios.sglang import build_program
 from racefuzz.search import search
-from racefuzz.strategies import HAZARDS, decode_schedule, workloads
-
-PRE_LAUNCH_HAZARDS = ("recycled-row-prefill", "chunked-stash", "plan-stream")
+from racefuzz.strategies import HAZARDS, PRE_LAUNCH_HAZARDS, decode_schedule, workloads
 
 CLEAN = [
     ("war-after-launch", HAZARDS),

@@ -37,9 +37,13 @@ def resolve_backend(name: str) -> str:
 
 
 def executor(name: str) -> Executor:
-    """The function that runs a program under a schedule on backend `name` (`sim` or `cuda`)."""
+    """The function that runs a program under a schedule on backend `name` (`sim` or `cuda`).
+
+    Neither tracks which launch stored each loaded value (`Execution.writers` is None): on the simulator
+    `explain` re-runs a counterexample with tracking, which is deterministic.
+    """
     if name == "sim":
-        return lambda program, schedule: simulate(program, schedule, track_writers=True)
+        return simulate
     if name == "cuda":
         from racefuzz.backends import cuda
 

@@ -253,13 +253,14 @@ class Device:
 
 
 def _as_values(values: WriteValues, cells: CellRange, kernel: str) -> np.ndarray:
-    array = np.asarray(values)
-    if array.ndim == 0:
-        array = np.full(cells.shape, int(array), dtype=np.int32)
-    elif array.size != cells.size:
-        raise InvalidProgram(f"launch {kernel!r}: {array.size} values for {cells.size} cells of {cells}")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise InvalidProgram(f"launch {kernel!r}: values for {cells} must be integers, got {array.dtype}")
-    array = array.astype(np.int32).reshape(cells.shape)
+    if isinstance(values, (int, np.integer)) and not isinstance(values, bool):
+        array = np.full(cells.shape, int(values), dtype=np.int32)
+    else:
+        array = np.asarray(values)
+        if array.dtype.kind not in "iu":
+            raise InvalidProgram(f"launch {kernel!r}: values for {cells} must be integers, got {array.dtype}")
+        if array.size != cells.size:
+            raise InvalidProgram(f"launch {kernel!r}: {array.size} values for {cells.size} cells of {cells}")
+        array = array.astype(np.int32, copy=True).reshape(cells.shape)  # a copy: the caller keeps its array
     array.setflags(write=False)
     return array

@@ -68,36 +68,50 @@ class Corruption:
 def find_corruptions(
     program: Program, observed: Observations, observed_writers: Observations | None = None
 ) -> list[Corruption]:
-    """Compare `observed` against the sequential reference; one `Corruption` per differing read range."""
+    """Compare `observed` against the sequential reference; one `Corruption` per differing read range.
+
+    The common case -- everything matches -- costs one untracked sequential replay; the reference's
+    writers are only recomputed when something differs.
+    """
+    expected = sequential_replay(program).observations
+    differing = [
+        (index, k)
+        for index, arrays in expected.items()
+        for k, want in enumerate(arrays)
+        if not np.array_equal(_observation(observed, index)[k], want)
+    ]
+    if not differing:
+        return []
     reference = sequential_replay(program, track_writers=True)
     assert reference.writers is not None
-    launches = program.ops
     corruptions: list[Corruption] = []
-    for index, expected_arrays in reference.observations.items():
-        got_arrays = observed.get(index)
-        if got_arrays is None:
-            raise ValueError(f"no observation for reading launch #{index}")
-        for k, (got, want) in enumerate(zip(got_arrays, expected_arrays, strict=False)):
-            if np.array_equal(got, want):
-                continue
-            read = launches[index]
-            assert isinstance(read, Launch)
-            rows, cols = np.nonzero(got != want)
-            cells = tuple(
-                (read.reads[k].row0 + int(r), read.reads[k].col0 + int(c)) for r, c in zip(rows, cols, strict=False)
+    for index, k in differing:
+        got, want = observed[index][k], expected[index][k]
+        read = program.ops[index]
+        assert isinstance(read, Launch)
+        rows, cols = np.nonzero(got != want)
+        cells = tuple(
+            (read.reads[k].row0 + int(r), read.reads[k].col0 + int(c)) for r, c in zip(rows, cols, strict=False)
+        )
+        got_writers = None
+        if observed_writers is not None:
+            got_writers = tuple(int(v) for v in observed_writers[index][k][rows, cols])
+        corruptions.append(
+            Corruption(
+                read,
+                k,
+                cells,
+                tuple(int(v) for v in got[rows, cols]),
+                tuple(int(v) for v in want[rows, cols]),
+                got_writers,
+                tuple(int(v) for v in reference.writers[index][k][rows, cols]),
             )
-            got_writers = None
-            if observed_writers is not None:
-                got_writers = tuple(int(v) for v in observed_writers[index][k][rows, cols])
-            corruptions.append(
-                Corruption(
-                    read,
-                    k,
-                    cells,
-                    tuple(int(v) for v in got[rows, cols]),
-                    tuple(int(v) for v in want[rows, cols]),
-                    got_writers,
-                    tuple(int(v) for v in reference.writers[index][k][rows, cols]),
-                )
-            )
+        )
     return corruptions
+
+
+def _observation(observed: Observations, index: int) -> tuple[np.ndarray, ...]:
+    try:
+        return observed[index]
+    except KeyError:
+        raise ValueError(f"no observation for reading launch #{index}") from None

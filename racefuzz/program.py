@@ -13,8 +13,9 @@ tensor are told apart from disjoint ones (PyTorch's CSAN keys accesses by `data_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import NewType
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple, NewType
 
 import numpy as np
 
@@ -61,10 +62,20 @@ class Buffer:
     fill: int = 0
 
     def __getitem__(self, key: tuple[int | slice, int | slice]) -> CellRange:
-        if not isinstance(key, tuple) or len(key) != 2:
+        if type(key) is not tuple or len(key) != 2:
             raise InvalidProgram(f"{self.name}[...] takes two indices (rows, columns), got {key!r}")
-        row0, row1 = _bounds(key[0], self.rows, f"{self.name} rows")
-        col0, col1 = _bounds(key[1], self.cols, f"{self.name} columns")
+        rows, cols = key
+        # Fast path for the common `buf[row, c0:c1]` (scenarios build thousands of ranges per second).
+        if type(rows) is int and 0 <= rows < self.rows:
+            row0, row1 = rows, rows + 1
+        else:
+            row0, row1 = _bounds(rows, self.rows, f"{self.name} rows")
+        if type(cols) is slice and cols.step is None and type(cols.start) is int and type(cols.stop) is int:
+            col0, col1 = cols.start, cols.stop
+            if not 0 <= col0 < col1 <= self.cols:
+                col0, col1 = _bounds(cols, self.cols, f"{self.name} columns")  # raises the precise error
+        else:
+            col0, col1 = _bounds(cols, self.cols, f"{self.name} columns")
         return CellRange(self, row0, row1, col0, col1)
 
 
@@ -85,9 +96,12 @@ def _bounds(index: int | slice, size: int, what: str) -> tuple[int, int]:
     return start, stop
 
 
-@dataclass(frozen=True, slots=True)
-class CellRange:
-    """The half-open rectangle `buffer[row0:row1, col0:col1]`; never empty, always in bounds."""
+class CellRange(NamedTuple):
+    """The half-open rectangle `buffer[row0:row1, col0:col1]`; never empty, always in bounds.
+
+    IR values are immutable. They are NamedTuples rather than frozen dataclasses because a scenario
+    builds tens of thousands per second and a frozen dataclass costs several times more to construct.
+    """
 
     buffer: Buffer
     row0: int
@@ -121,8 +135,7 @@ class CellRange:
         return [self.row0, self.row1, self.col0, self.col1]
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """A kernel on `stream` that loads `reads` and stores `values[i]` into `writes[i]`.
 
     Args:
@@ -143,15 +156,14 @@ class Launch:
     writes: tuple[CellRange, ...]
     values: tuple[np.ndarray, ...]
     cost_us: float | None = None
-    info: Mapping[str, object] = field(default_factory=dict)
+    info: Mapping[str, object] = MappingProxyType({})
 
     def describe(self) -> str:
         where = ", ".join(f"{k} {v}" for k, v in self.info.items())
         return f"op #{self.index} {self.kernel} on {self.stream}" + (f" ({where})" if where else "")
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """`event.record(stream)`: the event completes when all work enqueued on `stream` so far has."""
 
     index: int
@@ -159,8 +171,7 @@ class Record:
     stream: Stream
 
 
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
+class WaitEvent(NamedTuple):
     """`stream.wait_event(event)`: binds to the latest record of `event` issued before this call.
 
     Waiting on an event that was never recorded is a no-op, as in CUDA.
@@ -171,8 +182,7 @@ class WaitEvent:
     event: Event
 
 
-@dataclass(frozen=True, slots=True)
-class WaitStream:
+class WaitStream(NamedTuple):
     """`stream.wait_stream(other)`: waits for the work enqueued on `other` up to this host call, not later."""
 
     index: int
@@ -180,31 +190,27 @@ class WaitStream:
     other: Stream
 
 
-@dataclass(frozen=True, slots=True)
-class EventSync:
+class EventSync(NamedTuple):
     """`event.synchronize()`: the host blocks until the latest record of `event` completed."""
 
     index: int
     event: Event
 
 
-@dataclass(frozen=True, slots=True)
-class StreamSync:
+class StreamSync(NamedTuple):
     """`stream.synchronize()`: the host blocks until everything enqueued on `stream` completed."""
 
     index: int
     stream: Stream
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceSync:
+class DeviceSync(NamedTuple):
     """`torch.cuda.synchronize()`: the host blocks until every stream drained."""
 
     index: int
 
 
-@dataclass(frozen=True, slots=True)
-class HostDelay:
+class HostDelay(NamedTuple):
     """The host does `us` microseconds of other work before issuing the next op."""
 
     index: int

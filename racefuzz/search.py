@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis import strategies as st
 
 from racefuzz.backend import Executor
 from racefuzz.designs import Design
@@ -31,7 +30,16 @@ from racefuzz.scenarios.sglang import build_program
 from racefuzz.scenarios.workload import Workload
 from racefuzz.schedule import NO_DELAYS, Schedule
 from racefuzz.sim import Execution
-from racefuzz.strategies import HAZARDS, schedules, workloads
+from racefuzz.strategies import (
+    HAZARDS,
+    MAX_ITERATIONS,
+    check_hazards,
+    decode_schedule,
+    decode_workload,
+    schedule_bytes,
+    workload_bytes,
+    workloads,
+)
 
 
 @dataclass
@@ -118,11 +126,13 @@ def search(
     hazards: Collection[str] = HAZARDS,
     plan_stream: bool | None = None,
     max_delays: int = 4,
+    fixed_iterations: bool = False,
     shrink: bool = True,
     on_example: Callable[[int], None] | None = None,
 ) -> SearchResult:
     """Search `examples` examples for a race of `design`; see the module docstring."""
-    workload_strategy = workloads(hazards=hazards, plan_stream=plan_stream)
+    allowed = check_hazards(hazards)
+    workload_strategy = workloads(hazards=allowed, plan_stream=plan_stream, fixed_iterations=fixed_iterations)
     start = time.perf_counter()
     counts = {"examples": 0, "manifested": 0, "racy": 0}
     first: dict[str, float] = {}
@@ -130,13 +140,20 @@ def search(
     racy_workload: list[Workload] = []
     shrinking = [False]
 
+    # One given() of two byte strings, decoded here: a third of the cost of drawing through st.data().
     @hypothesis_seed(seed)
     @_settings(examples)
-    @given(st.data())
-    def manifest(data: st.DataObject) -> None:
-        workload = data.draw(workload_strategy, label="workload")
+    @given(workload_bytes(), schedule_bytes(max_delays))
+    def manifest(workload_data: bytes, schedule_data: bytes) -> None:
+        workload = decode_workload(
+            workload_data,
+            hazards=allowed,
+            max_iterations=MAX_ITERATIONS,
+            plan_stream=plan_stream,
+            fixed_iterations=fixed_iterations,
+        )
         program = build_program(workload, design.hooks)
-        schedule = data.draw(schedules(program, max_delays=max_delays), label="schedule")
+        schedule = decode_schedule(schedule_data, program)
         execution = run(program, schedule)
         corruptions = find_corruptions(program, execution.observations, execution.writers)
         if not shrinking[0]:
@@ -149,7 +166,7 @@ def search(
                 first.setdefault("example", counts["examples"])
                 first.setdefault("seconds", time.perf_counter() - start)
                 shrinking[0] = shrink
-            last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, find_races(program))]
+            last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
         if not shrinking[0] and not racy_workload and find_races(program):
             counts["racy"] += 1
@@ -159,7 +176,7 @@ def search(
 
     with contextlib.suppress(_Manifested):
         manifest()
-    counterexample = last_failure[0] if last_failure else None
+    counterexample = explain(last_failure[0], backend) if last_failure else None
 
     if counterexample is None and racy_workload:
         counterexample = (
@@ -179,6 +196,20 @@ def search(
         manifested_examples=counts["manifested"],
         racy_examples=counts["racy"],
     )
+
+
+def explain(outcome: Outcome, backend: str) -> Outcome:
+    """Complete a counterexample for its report: its races, and on the simulator who stored each bad value."""
+    races = find_races(outcome.program)
+    if backend != "sim":
+        return Outcome(
+            outcome.workload, outcome.schedule, outcome.program, outcome.execution, outcome.corruptions, races
+        )
+    from racefuzz.sim import simulate
+
+    execution = simulate(outcome.program, outcome.schedule, track_writers=True)
+    corruptions = find_corruptions(outcome.program, execution.observations, execution.writers)
+    return Outcome(outcome.workload, outcome.schedule, outcome.program, execution, corruptions, races)
 
 
 def _shrink_unordered(design: Design, witness: Workload, strategy, seed: int) -> Outcome:

@@ -23,6 +23,7 @@ The GPU kernels in `kernels/` follow the same shape: readers spin, then load; wr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from racefuzz.errors import InvalidArgument
 from racefuzz.memory import Observations, replay_in_order
@@ -62,8 +63,7 @@ class SimConfig:
                 raise InvalidArgument(f"SimConfig.{name} must be >= 0, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
     """One interval of a timeline: op `op_index` (or the spin before it) on `track`, [start_us, end_us)."""
 
     op_index: int

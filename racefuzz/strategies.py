@@ -27,10 +27,13 @@ from racefuzz.scenarios.workload import RequestSpec, Workload
 from racefuzz.schedule import Schedule
 
 HAZARDS = ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
+PRE_LAUNCH_HAZARDS = ("recycled-row-prefill", "chunked-stash", "plan-stream")
+"""Every hazard but the post-launch rewrite: what a loop-top WAR barrier can fence."""
 
 MAX_BLOCK_SIZE = 4
 MAX_PROMPT = 12
 MAX_DECODE_STEPS = 6
+MAX_ITERATIONS = 8
 DELAY_STEP_US = 20.0
 """A delay byte b means b * 20 us: 0 to 5.1 ms, far longer than the simulated kernels."""
 
@@ -46,7 +49,14 @@ def check_hazards(hazards: Collection[str]) -> frozenset[str]:
     return frozenset(hazards)
 
 
-def decode_workload(data: bytes, *, hazards: frozenset[str], max_iterations: int, plan_stream: bool | None) -> Workload:
+def decode_workload(
+    data: bytes,
+    *,
+    hazards: frozenset[str],
+    max_iterations: int,
+    plan_stream: bool | None,
+    fixed_iterations: bool = False,
+) -> Workload:
     """The workload a byte string stands for (see the module docstring)."""
     data = data.ljust(_HEADER, b"\0")
     block_size = 1 + data[0] % MAX_BLOCK_SIZE
@@ -75,7 +85,7 @@ def decode_workload(data: bytes, *, hazards: frozenset[str], max_iterations: int
         plan_stream = "plan-stream" in hazards and bool(data[3] & 1)
     return Workload(
         requests=tuple(requests),
-        iterations=1 + data[1] % max_iterations,
+        iterations=max_iterations if fixed_iterations else 1 + data[1] % max_iterations,
         block_size=block_size,
         rows=rows,
         plan_stream=plan_stream,
@@ -83,22 +93,44 @@ def decode_workload(data: bytes, *, hazards: frozenset[str], max_iterations: int
     )
 
 
+def workload_bytes(max_requests: int = 8) -> st.SearchStrategy[bytes]:
+    """The raw bytes `workloads()` decodes (for searches that decode themselves, to save draws)."""
+    if max_requests < 1:
+        raise InvalidArgument("workloads: max_requests must be >= 1")
+    return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests)
+
+
+def schedule_bytes(max_delays: int = 4) -> st.SearchStrategy[bytes]:
+    """The raw bytes `schedules()` decodes."""
+    if max_delays < 0:
+        raise InvalidArgument(f"schedules: max_delays must be >= 0, got {max_delays}")
+    return st.binary(max_size=_DELAY * max_delays)
+
+
 def workloads(
     *,
     hazards: Collection[str] = HAZARDS,
     max_requests: int = 8,
-    max_iterations: int = 8,
+    max_iterations: int = MAX_ITERATIONS,
     plan_stream: bool | None = None,
+    fixed_iterations: bool = False,
 ) -> st.SearchStrategy[Workload]:
     """Workloads with 1 to `max_requests` requests over 1 to `max_iterations` iterations.
 
     `plan_stream` forces the plan stream on or off; None lets the `plan-stream` hazard decide.
+    `fixed_iterations` runs exactly `max_iterations` iterations (requests still arrive at random ones).
     """
     allowed = check_hazards(hazards)
-    if max_requests < 1 or max_iterations < 1:
-        raise InvalidArgument("workloads: max_requests and max_iterations must be >= 1")
-    return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests).map(
-        lambda data: decode_workload(data, hazards=allowed, max_iterations=max_iterations, plan_stream=plan_stream)
+    if max_iterations < 1:
+        raise InvalidArgument("workloads: max_iterations must be >= 1")
+    return workload_bytes(max_requests).map(
+        lambda data: decode_workload(
+            data,
+            hazards=allowed,
+            max_iterations=max_iterations,
+            plan_stream=plan_stream,
+            fixed_iterations=fixed_iterations,
+        )
     )
 
 
@@ -129,6 +161,4 @@ def decode_schedule(data: bytes, program: Program) -> Schedule:
 
 def schedules(program: Program, *, max_delays: int = 4) -> st.SearchStrategy[Schedule]:
     """Up to `max_delays` injected delays on `program`: read spins, spins before launches, host delays."""
-    if max_delays < 0:
-        raise InvalidArgument(f"schedules: max_delays must be >= 0, got {max_delays}")
-    return st.binary(max_size=_DELAY * max_delays).map(lambda data: decode_schedule(data, program))
+    return schedule_bytes(max_delays).map(lambda data: decode_schedule(data, program))

@@ -12,7 +12,7 @@ from racefuzz.backend import executor, resolve_backend
 from racefuzz.designs import load_design
 from racefuzz.errors import ReplayError
 from racefuzz.report import load_replay, render
-from racefuzz.search import judge
+from racefuzz.search import explain, judge
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -31,6 +31,7 @@ def replay_command(args: argparse.Namespace) -> int:
     if shown.oracle is None:
         print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
         return EXIT_CLEAN
+    shown = explain(shown, backend)
     print(render(shown, design=replay.design, backend=backend, replay_path=args.file))
     if replay.oracle == "corruption":
         print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from racefuzz.device import Device, EventHandle, StreamHandle
 from racefuzz.program import Buffer, Program
 from racefuzz.scenarios.workload import RequestSpec, Workload
@@ -179,10 +181,10 @@ class OverlapLoop:
 
     # -- helpers ---------------------------------------------------------------------------------------
 
-    def _slots(self, n: int) -> list[int]:
+    def _slots(self, n: int) -> np.ndarray:
         first = self.next_slot
         self.next_slot += n
-        return list(range(first, first + n))
+        return np.arange(first, first + n, dtype=np.int32)
 
     def _info(self, requests: list[_Request], **extra: object) -> dict[str, object]:
         return {"iteration": self.ctx.iteration, "requests": [r.rid for r in requests], **extra}
