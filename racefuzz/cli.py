@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--examples", type=_positive_int, default=2000, help="examples to try (default 2000)")
     run.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
     run.add_argument("--max-delays", type=_non_negative_int, default=4, help="delays per schedule (default 4)")
+    run.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=None,
+        help="runs a manifested race must reproduce in (k of k; default 5 on cuda, 1 on sim)",
+    )
     run.add_argument("--json", type=Path, help="write a JSON summary here")
     run.add_argument(
         "--report-dir",

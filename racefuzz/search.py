@@ -23,6 +23,7 @@ from hypothesis import seed as hypothesis_seed
 
 from racefuzz.backend import Executor
 from racefuzz.designs import Design
+from racefuzz.errors import InvalidArgument
 from racefuzz.hb import Race, find_races
 from racefuzz.oracle import Corruption, find_corruptions
 from racefuzz.program import Program
@@ -74,6 +75,16 @@ def judge(workload: Workload, design: Design, schedule: Schedule | None, run: Ex
     return Outcome(workload, schedule, program, execution, corruptions, races)
 
 
+@dataclass(frozen=True)
+class Flaky:
+    """An example whose loads differed in only `reproduced` of `runs` runs (GPU timing): not a verdict."""
+
+    workload: Workload
+    schedule: Schedule
+    reproduced: int
+    runs: int
+
+
 @dataclass
 class SearchResult:
     """What a search found. `counterexample` is minimal (shrunk) when present."""
@@ -87,7 +98,8 @@ class SearchResult:
     first_detection_seconds: float | None = None
     manifested_examples: int = 0
     racy_examples: int = 0
-    notes: list[str] = field(default_factory=list)
+    flaky: list[Flaky] = field(default_factory=list)
+    repeat: int = 1
 
     @property
     def found(self) -> bool:
@@ -128,9 +140,18 @@ def search(
     max_delays: int = 4,
     fixed_iterations: bool = False,
     shrink: bool = True,
+    repeat: int = 1,
     on_example: Callable[[int], None] | None = None,
 ) -> SearchResult:
-    """Search `examples` examples for a race of `design`; see the module docstring."""
+    """Search `examples` examples for a race of `design`; see the module docstring.
+
+    `repeat` (k): an example whose loads differ is re-run until it has run k times, and counts as a
+    manifested race only when all k runs differ; otherwise it is recorded in `SearchResult.flaky` with its
+    rate and the search goes on. Shrinking applies the same rule to every candidate, so it cannot turn a
+    k/k failure into a flaky one. Use k > 1 on the GPU; the simulator is deterministic.
+    """
+    if repeat < 1:
+        raise InvalidArgument(f"repeat must be >= 1, got {repeat}")
     allowed = check_hazards(hazards)
     workload_strategy = workloads(hazards=allowed, plan_stream=plan_stream, fixed_iterations=fixed_iterations)
     start = time.perf_counter()
@@ -138,6 +159,7 @@ def search(
     first: dict[str, float] = {}
     last_failure: list[Outcome] = []
     racy_workload: list[Workload] = []
+    flaky: list[Flaky] = []
     shrinking = [False]
 
     # One given() of two byte strings, decoded here: a third of the cost of drawing through st.data().
@@ -160,6 +182,14 @@ def search(
             counts["examples"] += 1
             if on_example is not None:
                 on_example(counts["examples"])
+        if corruptions and repeat > 1:
+            reproduced = 1 + sum(
+                bool(find_corruptions(program, run(program, schedule).observations)) for _ in range(repeat - 1)
+            )
+            if reproduced < repeat:
+                if not shrinking[0]:
+                    flaky.append(Flaky(workload, schedule, reproduced, repeat))
+                corruptions = []
         if corruptions:
             if not shrinking[0]:
                 counts["manifested"] += 1
@@ -168,9 +198,10 @@ def search(
                 shrinking[0] = shrink
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
-        if not shrinking[0] and not racy_workload and find_races(program):
+        if not shrinking[0] and find_races(program):
             counts["racy"] += 1
-            racy_workload.append(workload)
+            if not racy_workload:
+                racy_workload.append(workload)
             first.setdefault("example", counts["examples"])
             first.setdefault("seconds", time.perf_counter() - start)
 
@@ -195,6 +226,8 @@ def search(
         first_detection_seconds=first.get("seconds"),
         manifested_examples=counts["manifested"],
         racy_examples=counts["racy"],
+        flaky=flaky,
+        repeat=repeat,
     )
 
 

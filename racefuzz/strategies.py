@@ -134,13 +134,16 @@ def workloads(
     )
 
 
-def decode_schedule(data: bytes, program: Program) -> Schedule:
+def decode_schedule(data: bytes, program: Program, *, min_delay_us: float = 0.0) -> Schedule:
     """The delays a byte string stands for on `program`: each 4 bytes are (kind, launch, launch, length).
 
     Delays attach to launches only -- a read spin on a reading launch, a spin on the stream before a
     launch, a host delay before issuing a launch -- chosen by position among the launches. Designs add
     sync ops but not launches, so the same bytes put the same delays on the same kernels under every
     design of one workload: that is what lets designs be compared on the same schedule.
+
+    `min_delay_us` is added to every delay: with it far above kernel and launch costs the schedule is
+    delay-dominated, the regime in which the simulator's verdict must be the GPU's.
     """
     launches = program.launches
     readers = [op.index for op in launches if op.reads]
@@ -149,7 +152,7 @@ def decode_schedule(data: bytes, program: Program) -> Schedule:
     host_delays: dict[int, float] = {}
     for at in range(0, len(data) - _DELAY + 1, _DELAY):
         kind, lo, hi, length = data[at : at + _DELAY]
-        where, us = lo | hi << 8, length * DELAY_STEP_US
+        where, us = lo | hi << 8, min_delay_us + length * DELAY_STEP_US
         if kind % 3 == 0 and readers:
             read_spins[readers[where % len(readers)]] = us
         elif kind % 3 == 1 and launches:
@@ -159,6 +162,6 @@ def decode_schedule(data: bytes, program: Program) -> Schedule:
     return Schedule(device_delays, read_spins, host_delays)
 
 
-def schedules(program: Program, *, max_delays: int = 4) -> st.SearchStrategy[Schedule]:
+def schedules(program: Program, *, max_delays: int = 4, min_delay_us: float = 0.0) -> st.SearchStrategy[Schedule]:
     """Up to `max_delays` injected delays on `program`: read spins, spins before launches, host delays."""
-    return schedule_bytes(max_delays).map(lambda data: decode_schedule(data, program))
+    return schedule_bytes(max_delays).map(lambda data: decode_schedule(data, program, min_delay_us=min_delay_us))

@@ -35,6 +35,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
             plan_stream=args.plan_stream,
             max_delays=args.max_delays,
             shrink=shrink,
+            repeat=args.repeat or (5 if backend == "cuda" else 1),
             on_example=(lambda n: bar.update(1)) if bar is not None else None,
         )
 
@@ -60,6 +61,16 @@ def summary(result: SearchResult) -> dict[str, object]:
             "nonzero_delays": c.schedule.nonzero_delays,
         },
         "races": [] if c is None else sorted({" ".join(race.key) for race in c.races}),
+        "repeat": result.repeat,
+        "flaky": [
+            {
+                "reproduced": f.reproduced,
+                "runs": f.runs,
+                "workload": f.workload.to_json(),
+                "schedule": f.schedule.to_json(),
+            }
+            for f in result.flaky
+        ],
     }
 
 
@@ -84,6 +95,9 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"negative control `{CONTROL_DESIGN}`: NOT caught in {control.examples} examples")
 
     result = run_search(design, args, backend)
+    if result.flaky:
+        rates = ", ".join(f"{f.reproduced}/{f.runs}" for f in result.flaky[:10])
+        print(f"flaky (not counted as races, reproduced fewer than {result.repeat}/{result.repeat} times): {rates}")
     report = {"racefuzz": __version__, "run": summary(result), "control": None if control is None else summary(control)}
     outcome = result.counterexample
     if outcome is not None:

@@ -1,0 +1,45 @@
+"""The search loop: k-of-k reproduction, flaky examples, detection bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from racefuzz import InvalidArgument
+from racefuzz.backend import executor
+from racefuzz.designs import load_design
+from racefuzz.schedule import NO_DELAYS
+from racefuzz.search import search
+from racefuzz.sim import simulate
+
+
+def test_a_race_that_does_not_reproduce_k_of_k_is_flaky_not_a_verdict() -> None:
+    # A backend that only honours the schedule on every other run: manifested races reproduce 1-2 of 3.
+    calls = [0]
+
+    def unreliable(program, schedule):
+        calls[0] += 1
+        return simulate(program, schedule if calls[0] % 2 else NO_DELAYS)
+
+    result = search(load_design("none"), unreliable, examples=60, repeat=3, shrink=False)
+    assert result.flaky, "the unreliable backend must produce flaky examples"
+    assert all(f.reproduced < f.runs == 3 for f in result.flaky)
+    assert result.manifested_examples == 0
+    # The happens-before oracle does not depend on timing, so the race is still reported.
+    assert result.counterexample is not None and result.counterexample.oracle == "happens-before"
+
+
+def test_a_deterministic_race_reproduces_k_of_k() -> None:
+    result = search(load_design("none"), executor("sim"), examples=60, repeat=3)
+    assert result.found and result.counterexample.oracle == "corruption"
+    assert result.flaky == [] and result.manifested_examples == 1
+
+
+def test_clean_design_counts_every_example() -> None:
+    result = search(load_design("war-after-launch"), executor("sim"), examples=120)
+    assert not result.found and result.examples == 120
+    assert result.first_detection_example is None and result.racy_examples == 0
+
+
+def test_repeat_must_be_positive() -> None:
+    with pytest.raises(InvalidArgument, match="repeat"):
+        search(load_design("none"), executor("sim"), repeat=0)
