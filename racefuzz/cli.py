@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
 
     bench = commands.add_parser("bench", help="benchmarks; raw output goes to docs/results/")
-    bench.add_argument("which", choices=("engine", "scenario"))
+    bench.add_argument("which", choices=("engine", "scenario", "gpu"))
     bench.add_argument("--json", type=Path, help="write the raw figures here")
     return parser
 
@@ -147,10 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.which == "engine":
-        from racefuzz.bench import engine as bench
-    else:
-        from racefuzz.bench import scenario as bench  # type: ignore[no-redef]
+    import importlib
+
+    bench = importlib.import_module(f"racefuzz.bench.{args.which}")
     results = bench.run()
     print(bench.render(results))
     if args.json is not None:
