@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
 
     bench = commands.add_parser("bench", help="benchmarks; raw output goes to docs/results/")
-    bench.add_argument("which", choices=("engine", "scenario", "gpu"))
+    bench.add_argument("which", choices=("engine", "scenario", "gpu", "matrix"))
     bench.add_argument("--json", type=Path, help="write the raw figures here")
     return parser
 
