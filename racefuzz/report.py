@@ -203,13 +203,20 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
         if len(others) > 5:
             lines.append(f"    ... and {len(others) - 5} more")
     w, s = outcome.workload, outcome.schedule
-    delays = [f"device_delays[{k}]={v:g}us" for k, v in s.device_delays.items()]
-    delays += [f"read_spins[{k}]={v:g}us" for k, v in s.read_spins.items()]
-    delays += [f"host_delays[{k}]={v:g}us" for k, v in s.host_delays.items()]
+    ops = outcome.program.ops
+
+    def at(index: int) -> str:
+        op = ops[index]
+        it = op.info.get("iteration") if isinstance(op, Launch) else None
+        return f"op #{index} {getattr(op, 'kernel', type(op).__name__)}" + ("" if it is None else f", iteration {it}")
+
+    delays = [f"spin {v:g} us on the stream before {at(k)}" for k, v in s.device_delays.items()]
+    delays += [f"read spin {v:g} us inside {at(k)}" for k, v in s.read_spins.items()]
+    delays += [f"host delay {v:g} us before {at(k)}" for k, v in s.host_delays.items()]
     lines.append(
         f"  counterexample: {len(w.requests)} request(s), {w.iterations} iteration(s), B={w.block_size}, "
         f"{w.rows} row(s), plan stream {'on' if w.plan_stream else 'off'}; {s.nonzero_delays} non-zero delay(s)"
-        + (f": {', '.join(delays)}" if delays else "")
+        + (f": {'; '.join(delays)}" if delays else "")
     )
     if replay_path is not None:
         lines.append(f"  replay: racefuzz replay {replay_path}")

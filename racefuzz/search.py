@@ -7,8 +7,9 @@ For one design, `search` runs up to `examples` examples. Each draws a workload, 
 * happens-before: no conflicting access pair is unordered (`racefuzz.hb`; timing-independent).
 
 A manifested corruption fails the Hypothesis test, which then shrinks the workload and the schedule
-together to a minimal counterexample. When nothing manifested but the happens-before oracle saw races,
-a second search shrinks the workload on that oracle alone, so every race found comes back minimal.
+together; `racefuzz.minimize` then simplifies the structure further (fewer requests, iterations and
+delays). When nothing manifested but the happens-before oracle saw races, a second search shrinks the
+workload on that oracle alone, so every race found comes back minimal.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from racefuzz.backend import Executor
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import Race, find_races
+from racefuzz.minimize import minimize
 from racefuzz.oracle import Corruption, find_corruptions
 from racefuzz.program import Program
 from racefuzz.scenarios.sglang import build_program
@@ -207,14 +209,19 @@ def search(
 
     with contextlib.suppress(_Manifested):
         manifest()
-    counterexample = explain(last_failure[0], backend) if last_failure else None
-
-    if counterexample is None and racy_workload:
-        counterexample = (
-            _shrink_unordered(design, racy_workload[0], workload_strategy, seed)
-            if shrink
-            else judge(racy_workload[0], design, None, None)
-        )
+    counterexample = None
+    if last_failure:
+        failure = last_failure[0]
+        if shrink:  # Hypothesis shrank the bytes; now shrink the structure (see racefuzz.minimize)
+            workload, schedule = minimize(failure.workload, failure.schedule, design, run, repeat=repeat)
+            failure = judge(workload, design, schedule, run)
+        counterexample = explain(failure, backend)
+    elif racy_workload:
+        witness = racy_workload[0]
+        if shrink:
+            witness = _shrink_unordered(design, witness, workload_strategy, seed).workload
+            witness, _ = minimize(witness, NO_DELAYS, design, None)
+        counterexample = judge(witness, design, None, None)
 
     return SearchResult(
         design=design,
