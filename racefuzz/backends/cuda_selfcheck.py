@@ -60,8 +60,8 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     """One program's cost per example: `execute`, its phases, and two hand-written replays to compare with.
 
     * plain replay: the program's ops as a hand-written script would issue them, on already allocated
-      tables with prebuilt kernel arguments: the same CuPy kernel calls, torch records, waits and syncs,
-      then a device synchronize (no staging, no readback);
+      tables with prebuilt kernel arguments: the same CuPy kernel calls (launch-cost spins included),
+      torch records, waits and syncs, then a device synchronize (no staging, no readback);
     * kernels only: the kernel calls and host syncs alone, without the torch event and wait calls.
     """
     runtime = cuda._runtimes[0]
@@ -71,11 +71,14 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     torch.cuda.synchronize()
     block = (cuda.THREADS_PER_BLOCK,)
     streams, ext = bound.streams, bound.ext
+    spin = runtime.kernels[runtime.catalog.spin]
 
     def plain() -> None:
         events = [torch.cuda.Event() for _ in program.events]
         for op in program.ops:
             if isinstance(op, Launch):
+                if op.index in bound.costs:
+                    spin((1,), (1,), bound.costs[op.index], stream=ext[op.stream.id])
                 for kernel, grid, args in bound.launch_calls[op.index]:
                     kernel(grid, block, args, stream=ext[op.stream.id])
             elif isinstance(op, Record):
@@ -97,6 +100,8 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     def kernels_only() -> None:
         for op in program.ops:
             if isinstance(op, Launch):
+                if op.index in bound.costs:
+                    spin((1,), (1,), bound.costs[op.index], stream=ext[op.stream.id])
                 for kernel, grid, args in bound.launch_calls[op.index]:
                     kernel(grid, block, args, stream=ext[op.stream.id])
             elif isinstance(op, (DeviceSync, EventSync, StreamSync)):
@@ -110,7 +115,7 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
 
     floor = _per_call_us(plain, 300)
     bare = _per_call_us(kernels_only, 300)
-    full = _per_call_us(lambda: cuda.execute(program, NO_DELAYS), 300)
+    full = _per_call_us(lambda: (cuda.forget_cached_run(), cuda.execute(program, NO_DELAYS)), 300)
     staged = _per_call_us(lambda: cuda.stage(program, NO_DELAYS, runtime.catalog), 300)
     bound_us = _per_call_us(bind, 300)
     issue = _per_call_us(lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, False), 300)
@@ -203,7 +208,7 @@ def main() -> int:
         print(_cost_line(torch, cupy, "sglang scenario", scenario))
         timed = _per_call_us(lambda: cuda.execute(scenario, NO_DELAYS, cuda.CudaConfig(timeline=True)), 100)
         print(f"  sglang scenario with timeline=True: execute {timed:7.1f} us")
-        print("\nsglang scenario per design, no delays, 5 GPU runs each (the GPU ignores Launch.cost_us):")
+        print("\nsglang scenario per design, no delays, 5 GPU runs each (the GPU spins each Launch.cost_us):")
         try:
             _designs_without_delays()
         except Exception as exc:

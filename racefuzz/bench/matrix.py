@@ -90,7 +90,12 @@ def render(results: dict[str, object]) -> str:
     for name in BUILTIN:
         row = [c for c in cells if c["design"] == name]
         lines.append(f"| `{name}` | " + " | ".join(_verdict(c) for c in row) + " |")
-    lines += ["", "Minimal counterexamples (shrunk by Hypothesis, then minimized structurally; replay with `racefuzz replay FILE`):", ""]
+    lines += [
+        "",
+        "Minimal counterexamples (shrunk by Hypothesis, then minimized structurally; replay with "
+        "`racefuzz replay FILE`):",
+        "",
+    ]
     lines.append("| design | hazard | race | requests | iterations | non-zero delays | replay file |")
     lines.append("|---|---|---|---|---|---|---|")
     for c in cells:
