@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -273,7 +274,11 @@ def run(examples: int = EXAMPLES, repeats: int = REPEATS) -> dict[str, Any]:
         "rows": [],
     }
     for fixed in (False, True):
-        measured = [_one_run(examples, seed, fixed) for seed in range(repeats)]
+        measured = []
+        for seed in range(repeats):
+            measured.append(_one_run(examples, seed, fixed))
+            # Progress on stderr, so that a run cut short still leaves its figures in the log.
+            print(f"iterations {'8' if fixed else '1-8'}: {measured[-1][0]}", file=sys.stderr, flush=True)
         runs = [figures for figures, _ in measured]
         by_ratio = sorted(measured, key=lambda m: m[0]["overhead_end_to_end"])
         median_figures, median_recorded = by_ratio[len(by_ratio) // 2]
