@@ -127,7 +127,7 @@ def _cells(cells) -> str:
     return ", ".join(str(c) for c in cells)
 
 
-def _primary_race(outcome: Outcome) -> Race | None:
+def primary_race(outcome: Outcome) -> Race | None:
     """The race the report leads with: one that explains the first corruption, else the first race."""
     if outcome.corruptions:
         corruption = outcome.corruptions[0]
@@ -166,7 +166,7 @@ def _writer(ops, index: int) -> str:
 
 def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | None) -> str:
     """The text report of a counterexample."""
-    race = _primary_race(outcome)
+    race = primary_race(outcome)
     kind = race.kind.value if race else "ordering"
     table = race.cells[0].buffer.name if race else "req_to_token"
     lines = [f"==== racefuzz: {kind} race on {table} (design {design}, backend {backend}) ===="]

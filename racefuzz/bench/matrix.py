@@ -4,7 +4,9 @@ For every cell, a search on the simulator restricted to that one hazard gives bo
 manifested corruption (some schedule made a forward read a clobbered value) and happens-before (an
 unordered conflicting pair exists) -- and, for a racy cell, the shrunk counterexample, whose replay file
 and report are written under `docs/results/counterexamples/`. The `plan-stream` column runs with the
-plan stream on and no other hazard.
+plan stream on and no other hazard. It doubles as the shrinking benchmark: each counterexample's size
+(requests, iterations, non-zero delays) and the seconds spent shrinking it (Hypothesis, then
+`racefuzz.minimize`) after the first detection.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from racefuzz import __version__
 from racefuzz.backend import executor
 from racefuzz.designs import BUILTIN, load_design
-from racefuzz.report import ReplayFile, write_replay
+from racefuzz.report import ReplayFile, primary_race, write_replay
 from racefuzz.report import render as render_report
 from racefuzz.search import search
 from racefuzz.strategies import HAZARDS
@@ -41,6 +43,7 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
                 "manifested": bool(c and c.corruptions),
                 "unordered": bool(c and c.races),
                 "examples_to_detect": result.first_detection_example,
+                "seconds": round(result.seconds, 3),
             }
             if c is not None:
                 assert c.oracle is not None
@@ -48,8 +51,9 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
                 path = write_replay(replay, counterexample_dir / f"{name}.{hazard}")
                 text = render_report(c, design=name, backend="sim", replay_path=path)
                 path.with_suffix(".txt").write_text(text + "\n")
-                race = c.races[0] if c.races else None
+                race = primary_race(c)
                 cell.update(
+                    shrink_seconds=round(result.seconds - (result.first_detection_seconds or 0.0), 3),
                     replay_file=str(path),
                     requests=len(c.workload.requests),
                     iterations=c.workload.iterations,
@@ -96,12 +100,12 @@ def render(results: dict[str, object]) -> str:
         "`racefuzz replay FILE`):",
         "",
     ]
-    lines.append("| design | hazard | race | requests | iterations | non-zero delays | replay file |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| design | hazard | race | requests | iterations | non-zero delays | shrink s | replay file |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for c in cells:
         if "replay_file" in c:
             lines.append(
                 f"| `{c['design']}` | {c['hazard']} | {c['race']} | {c['requests']} | {c['iterations']} | "
-                f"{c['nonzero_delays']} | `{c['replay_file']}` |"
+                f"{c['nonzero_delays']} | {c['shrink_seconds']:.2f} | `{c['replay_file']}` |"
             )
     return "\n".join(lines)

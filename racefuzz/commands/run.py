@@ -10,8 +10,9 @@ from contextlib import nullcontext
 from racefuzz import __version__
 from racefuzz.backend import executor, resolve_backend
 from racefuzz.designs import load_design
-from racefuzz.report import ReplayFile, render, write_replay
+from racefuzz.report import ReplayFile, primary_race, render, write_replay
 from racefuzz.search import SearchResult, search
+from racefuzz.timeline import write_timeline
 
 
 def progress(total: int, label: str, quiet: bool):
@@ -111,6 +112,10 @@ def run_command(args: argparse.Namespace) -> int:
         report["replay_file"] = str(replay_path)
         _write_json(args, report)
         print(text)
+        race = primary_race(outcome)
+        title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name
+        for path in write_timeline(outcome, backend, race, replay_path.with_suffix(""), title):
+            print(f"  timeline: {path}")
         print(
             f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "
             f"report in {replay_path.with_suffix('.txt')}"
