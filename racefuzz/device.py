@@ -134,6 +134,7 @@ class Device:
         self._events: list[Event] = []
         self._buffers: list[Buffer] = []
         self._ops: list[Op] = []
+        self._violations: list[str] = []
         self._finished = False
 
     # -- objects ---------------------------------------------------------------------------------------
@@ -177,11 +178,18 @@ class Device:
             raise InvalidProgram(f"host_delay: delay must be >= 0 microseconds, got {us!r}")
         self._append(HostDelay(len(self._ops), float(us)))
 
+    def violation(self, message: str) -> None:
+        """Record that the scenario broke one of its own invariants here (reported as its own oracle)."""
+        self._check_live(None)
+        self._violations.append(f"op #{len(self._ops)}: {message}")
+
     def finish(self) -> Program:
         """Seal the program; any later use of this device or its handles is an error."""
         self._check_live(None)
         self._finished = True
-        return Program(tuple(self._streams), tuple(self._events), tuple(self._buffers), tuple(self._ops))
+        return Program(
+            tuple(self._streams), tuple(self._events), tuple(self._buffers), tuple(self._ops), tuple(self._violations)
+        )
 
     @property
     def op_count(self) -> int:

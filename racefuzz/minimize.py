@@ -125,7 +125,8 @@ def minimize(
     """The simplest (workload, schedule) found that still fails like the given one.
 
     With `run`, failing means a manifested corruption in all `repeat` runs; without it, an unordered
-    conflicting pair (the schedule is then irrelevant and is dropped). At most `budget` candidates run.
+    conflicting pair or a scenario invariant violation (the schedule is then irrelevant and is dropped).
+    At most `budget` candidates run.
     """
     tries = [0]
 
@@ -137,7 +138,7 @@ def minimize(
         except InvalidArgument:
             return False
         if run is None:
-            return bool(find_races(program))
+            return bool(program.violations or find_races(program))
         return all(bool(find_corruptions(program, run(program, delays).observations)) for _ in range(repeat))
 
     if run is None:

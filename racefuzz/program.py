@@ -224,12 +224,17 @@ StreamOp = (Launch, Record, WaitEvent, WaitStream)
 
 @dataclass(frozen=True)
 class Program:
-    """A finished host program: its objects and its ops in host issue order (`ops[i].index == i`)."""
+    """A finished host program: its objects and its ops in host issue order (`ops[i].index == i`).
+
+    `violations` are invariants the scenario itself found broken while issuing (for example a forward
+    reading cells its request never allocated): timing-independent, like the happens-before oracle.
+    """
 
     streams: tuple[Stream, ...]
     events: tuple[Event, ...]
     buffers: tuple[Buffer, ...]
     ops: tuple[Op, ...]
+    violations: tuple[str, ...] = ()
 
     @property
     def launches(self) -> list[Launch]:

@@ -167,19 +167,22 @@ def _writer(ops, index: int) -> str:
 def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | None) -> str:
     """The text report of a counterexample."""
     race = primary_race(outcome)
-    kind = race.kind.value if race else "ordering"
+    kind = race.kind.value if race else ("allocation" if outcome.violations else "ordering")
     table = race.cells[0].buffer.name if race else "req_to_token"
-    lines = [f"==== racefuzz: {kind} race on {table} (design {design}, backend {backend}) ===="]
+    what = f"{kind} race on" if race else f"{kind} violation in"
+    lines = [f"==== racefuzz: {what} {table} (design {design}, backend {backend}) ===="]
     if outcome.corruptions:
         lines.append(
             f"verdict: manifested corruption: {len(outcome.corruptions)} read range(s) differ from the sequential "
             f"reference; happens-before: {len(outcome.races)} unordered conflicting pair(s)"
         )
-    else:
+    elif outcome.races:
         lines.append(
             f"verdict: happens-before: {len(outcome.races)} unordered conflicting pair(s), not manifested under "
             "this schedule"
         )
+    for violation in outcome.violations[:5]:
+        lines.append(f"  allocation: {violation}")
     if race is not None:
         writer, reader = (race.second, race.first) if race.kind.value == "WAR" else (race.first, race.second)
         lines.append(f"  write:  {_where(writer)}")

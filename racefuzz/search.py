@@ -57,12 +57,19 @@ class Outcome:
     races: list[Race]
 
     @property
+    def violations(self) -> tuple[str, ...]:
+        return self.program.violations
+
+    @property
     def oracle(self) -> str | None:
-        """Which oracle flagged it: `corruption` (manifested), `happens-before` (unordered only), or None."""
+        """Which oracle flagged it, strongest first: `corruption` (manifested), `happens-before` (an
+        unordered conflicting pair), `allocation` (a scenario invariant, see `Program.violations`), or None."""
         if self.corruptions:
             return "corruption"
         if self.races:
             return "happens-before"
+        if self.violations:
+            return "allocation"
         return None
 
 
@@ -200,7 +207,7 @@ def search(
                 shrinking[0] = shrink
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
-        if not shrinking[0] and find_races(program):
+        if not shrinking[0] and (program.violations or find_races(program)):
             counts["racy"] += 1
             if not racy_workload:
                 racy_workload.append(workload)
@@ -264,7 +271,7 @@ def _shrink_unordered(design: Design, witness: Workload, strategy, seed: int) ->
     @given(strategy)
     def unordered(workload: Workload) -> None:
         outcome = judge(workload, design, None, None)
-        if outcome.races:
+        if outcome.races or outcome.violations:
             found[:] = [outcome]
             raise _Unordered
 

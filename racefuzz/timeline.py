@@ -50,8 +50,9 @@ def timeline_of(outcome: Outcome, backend: str) -> Execution:
 def write_timeline(outcome: Outcome, backend: str, race: Race | None, stem: Path, title: str) -> list[Path]:
     """Write `<stem>.trace.json` and `<stem>.png` (when matplotlib is installed); returns what was written."""
     execution = timeline_of(outcome, backend)
-    written = [write_trace(stem.with_suffix(".trace.json"), execution, race, title)]
-    png = write_png(stem.with_suffix(".png"), execution, race, title, dict(outcome.schedule.read_spins))
+    # Names are built as strings: a stem such as "mypkg.sync-1a2b" has a dot that with_suffix would eat.
+    written = [write_trace(stem.parent / f"{stem.name}.trace.json", execution, race, title)]
+    png = write_png(stem.parent / f"{stem.name}.png", execution, race, title, dict(outcome.schedule.read_spins))
     if png is not None:
         written.append(png)
     return written

@@ -114,7 +114,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(text)
         race = primary_race(outcome)
         title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name
-        for path in write_timeline(outcome, backend, race, replay_path.with_suffix(""), title):
+        for path in write_timeline(outcome, backend, race, replay_path.parent / replay_path.stem, title):
             print(f"  timeline: {path}")
         print(
             f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "

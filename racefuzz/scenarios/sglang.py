@@ -287,6 +287,14 @@ class OverlapLoop:
         accepts: dict[int, int] = {}
         steps: dict[int, int] = {}
         if ctx.is_decode:
+            for r in batch:
+                if r.gpu_prefix + B > r.cur_alloc:
+                    # RAW on cells nobody wrote for this request: stale slots of the row's previous owner
+                    # or the fill value. Neither other oracle sees it (no write races the read).
+                    self.device.violation(
+                        f"iteration {ctx.iteration}: forward reads {table[r.row, r.cur_alloc : r.gpu_prefix + B]} of "
+                        f"request {r.rid}, beyond its allocation (cur_alloc {r.cur_alloc})"
+                    )
             f.launch("block_gather", reads=[table[r.row, r.gpu_prefix : r.gpu_prefix + B] for r in batch], info=info)
             page_table = [table[r.row, 0 : r.gpu_prefix + B] for r in batch]
             f.launch("draft_metadata", reads=page_table, info=info)

@@ -112,3 +112,18 @@ def test_every_launch_says_where_it_comes_from() -> None:
     for op in program.ops:
         if isinstance(op, Launch):
             assert "iteration" in op.info and "requests" in op.info
+
+
+def test_reads_beyond_the_allocation_are_a_violation_not_a_race() -> None:
+    # Headroom of one block instead of two (a mutant): the forward reads cells that no write allocated for
+    # it. No write races that read, so only the scenario's allocation invariant can flag it.
+    from types import SimpleNamespace
+
+    from racefuzz.designs.global_war import apply_war_barrier
+
+    short = SimpleNamespace(name="headroom-1", headroom_blocks=1, loop_top=apply_war_barrier)
+    workload = Workload(requests=(RequestSpec(0, 2, 64, (1, 1, 1)),), iterations=4, block_size=1)
+    program = build_program(workload, short)
+    assert program.violations and "beyond its allocation" in program.violations[0]
+    assert find_races(program) == []
+    assert build_program(workload, load_design("global-war").hooks).violations == ()

@@ -53,3 +53,8 @@ def test_happens_before_only_counterexample_gets_an_unperturbed_timeline(tmp_pat
     assert unordered.execution is None and unordered.races
     written = write_timeline(unordered, "sim", unordered.races[0], tmp_path / "hb", "hb only")
     assert written[0].exists()
+
+
+def test_timeline_names_keep_dotted_stems(outcome, tmp_path: Path) -> None:
+    written = write_timeline(outcome, "sim", primary_race(outcome), tmp_path / "mypkg.sync-1a2b", "t")
+    assert written[0].name == "mypkg.sync-1a2b.trace.json"
