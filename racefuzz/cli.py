@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.errors import RacefuzzError
+from racefuzz.errors import InvalidArgument, RacefuzzError
 
 EXIT_CLEAN, EXIT_RACE, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
 CONTROL_DESIGN = "none"
 
 
@@ -112,7 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
 
     bench = commands.add_parser("bench", help="benchmarks; raw output goes to docs/results/")
-    bench.add_argument("which", choices=("engine", "scenario", "gpu", "matrix"))
+    bench.add_argument(
+        "which",
+        nargs="?",
+        default="mutants",
+        choices=BENCHMARKS,
+        help="mutants (default): kill rate and baselines; engine, scenario, matrix: simulator; gpu: the CUDA backend",
+    )
+    bench.add_argument("--backend", choices=("sim", "cuda"), default="sim", help="for `mutants` (default sim)")
     bench.add_argument("--json", type=Path, help="write the raw figures here")
     return parser
 
@@ -147,10 +155,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from racefuzz.backend import resolve_backend
+
     import importlib
 
     bench = importlib.import_module(f"racefuzz.bench.{args.which}")
-    results = bench.run()
+    if args.which == "mutants":
+        results = bench.run(backend=resolve_backend(args.backend))
+    else:
+        if args.backend != "sim":
+            raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")
+        results = bench.run()
     print(bench.render(results))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

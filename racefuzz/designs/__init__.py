@@ -8,6 +8,7 @@ of these hooks, each called with the `LoopContext` (see `racefuzz.scenarios.sgla
     plan_enter      plan stream, on entering the plan context (default: plan.wait_stream(schedule))
     plan_fence      plan stream, before the over-allocation write (plan stream only)
     plan_exit       on leaving the plan context (default: schedule.wait_stream(plan))
+    before_verify   forward stream, after the draft's reads, before the verify page-table build (decode)
     after_reads     forward stream, right after the forward's last read of req_to_token
     forward_end     forward stream, at the end of the forward
     after_launch    right after run_batch, before result processing (#31687's barrier position)

@@ -104,6 +104,7 @@ class Hooks:
         "plan_enter",
         "plan_fence",
         "plan_exit",
+        "before_verify",
         "after_reads",
         "forward_end",
         "after_launch",
@@ -299,6 +300,7 @@ class OverlapLoop:
             page_table = [table[r.row, 0 : r.gpu_prefix + B] for r in batch]
             f.launch("draft_metadata", reads=page_table, info=info)
             f.launch("draft_forward", writes=[(self.hidden[0, 0:1], 1)], cost_us=w.forward_cost_us / 2, info=info)
+            hooks.call("before_verify", ctx)
             f.launch("verify_page_table", reads=page_table, info=info)
         else:
             f.launch("extend_page_table", reads=[table[r.row, 0 : r.done] for r in batch], info=info)
