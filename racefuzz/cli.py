@@ -155,9 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from racefuzz.backend import resolve_backend
-
     import importlib
+
+    from racefuzz.backend import resolve_backend
 
     bench = importlib.import_module(f"racefuzz.bench.{args.which}")
     if args.which == "mutants":
