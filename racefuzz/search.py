@@ -123,14 +123,15 @@ class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
 
 
-def _settings(max_examples: int) -> settings:
+def _settings(max_examples: int, *, shrink: bool = True) -> settings:
     return settings(
         max_examples=max_examples,
         database=None,
         deadline=None,
         derandomize=False,
         suppress_health_check=list(HealthCheck),
-        phases=[Phase.generate, Phase.shrink],
+        # Without shrinking, Hypothesis stops at the first failure instead of re-running variants of it.
+        phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
         report_multiple_bugs=False,
         verbosity=Verbosity.quiet,
         print_blob=False,
@@ -173,7 +174,7 @@ def search(
 
     # One given() of two byte strings, decoded here: a third of the cost of drawing through st.data().
     @hypothesis_seed(seed)
-    @_settings(examples)
+    @_settings(examples, shrink=shrink)
     @given(workload_bytes(), schedule_bytes(max_delays))
     def manifest(workload_data: bytes, schedule_data: bytes) -> None:
         workload = decode_workload(
@@ -204,7 +205,7 @@ def search(
                 counts["manifested"] += 1
                 first.setdefault("example", counts["examples"])
                 first.setdefault("seconds", time.perf_counter() - start)
-                shrinking[0] = shrink
+                shrinking[0] = True  # what runs after this is shrinking or Hypothesis' final replay
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
         if not shrinking[0] and (program.violations or find_races(program)):
