@@ -25,7 +25,7 @@ from racefuzz.oracle import Corruption
 from racefuzz.program import Launch
 from racefuzz.scenarios.workload import Workload
 from racefuzz.schedule import Schedule
-from racefuzz.search import Outcome
+from racefuzz.search import Outcome, SearchResult
 
 FORMAT = "racefuzz-replay"
 FORMAT_VERSION = 1
@@ -224,3 +224,26 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     if replay_path is not None:
         lines.append(f"  replay: racefuzz replay {replay_path}")
     return "\n".join(lines)
+
+
+def save_counterexample(
+    result: SearchResult, seed: int, report_dir: str | os.PathLike[str]
+) -> tuple[Path, str, list[Path]]:
+    """Write a search's counterexample: the replay file first (so it is on disk before anything else can
+    fail), then the text report, then the timeline. Returns the replay path, the report and the timeline
+    files."""
+    from racefuzz import __version__
+    from racefuzz.timeline import write_timeline
+
+    outcome, design = result.counterexample, result.design
+    assert outcome is not None and outcome.oracle is not None
+    replay = ReplayFile(
+        design.spec, result.backend, seed, outcome.workload, outcome.schedule, outcome.oracle, __version__
+    )
+    path = write_replay(replay, report_dir)
+    text = render(outcome, design=design.spec, backend=result.backend, replay_path=path)
+    path.with_suffix(".txt").write_text(text + "\n")
+    race = primary_race(outcome)
+    title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name
+    timeline = write_timeline(outcome, result.backend, race, path.parent / path.stem, title)
+    return path, text, timeline

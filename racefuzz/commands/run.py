@@ -10,9 +10,8 @@ from contextlib import nullcontext
 from racefuzz import __version__
 from racefuzz.backend import executor, resolve_backend
 from racefuzz.designs import load_design
-from racefuzz.report import ReplayFile, primary_race, render, write_replay
+from racefuzz.report import save_counterexample
 from racefuzz.search import SearchResult, search
-from racefuzz.timeline import write_timeline
 
 
 def progress(total: int, label: str, quiet: bool):
@@ -100,21 +99,13 @@ def run_command(args: argparse.Namespace) -> int:
         rates = ", ".join(f"{f.reproduced}/{f.runs}" for f in result.flaky[:10])
         print(f"flaky (not counted as races, reproduced fewer than {result.repeat}/{result.repeat} times): {rates}")
     report = {"racefuzz": __version__, "run": summary(result), "control": None if control is None else summary(control)}
-    outcome = result.counterexample
-    if outcome is not None:
-        assert outcome.oracle is not None
-        replay = ReplayFile(
-            design.spec, backend, args.seed, outcome.workload, outcome.schedule, outcome.oracle, __version__
-        )
-        replay_path = write_replay(replay, args.report_dir)  # on disk before anything else can fail
-        text = render(outcome, design=design.spec, backend=backend, replay_path=replay_path)
-        replay_path.with_suffix(".txt").write_text(text + "\n")
+    if result.found:
+        # The replay file is on disk before anything else can fail; then the report and the timeline.
+        replay_path, text, timeline = save_counterexample(result, args.seed, args.report_dir)
         report["replay_file"] = str(replay_path)
         _write_json(args, report)
         print(text)
-        race = primary_race(outcome)
-        title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name
-        for path in write_timeline(outcome, backend, race, replay_path.parent / replay_path.stem, title):
+        for path in timeline:
             print(f"  timeline: {path}")
         print(
             f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "

@@ -1,0 +1,155 @@
+"""Assertions for users' own test suites: "guard your sync refactor" in a few lines of pytest.
+
+    from racefuzz.testing import assert_race_free, assert_no_new_race
+
+    def test_my_barrier(racefuzz_config):          # fixture from racefuzz's pytest plugin
+        assert_race_free("mypkg.sync:design", racefuzz_config)
+
+    def test_refactor_adds_no_race(racefuzz_config):
+        assert_no_new_race("mypkg.sync:new_design", "mypkg.sync:old_design", racefuzz_config)
+
+`assert_race_free` runs the same search as `racefuzz run`, beside the negative control: a race fails the
+test with the report in the message and the replay file, report and timeline written to
+`config.report_dir` first; a control that is not caught fails it as inconclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from racefuzz.backend import executor, resolve_backend
+from racefuzz.designs import Design, load_design
+from racefuzz.errors import InvalidArgument
+from racefuzz.hb import find_races
+from racefuzz.report import save_counterexample
+from racefuzz.scenarios.sglang import build_program
+from racefuzz.search import SearchResult, search
+from racefuzz.strategies import HAZARDS, workloads
+
+CONTROL = "none"
+
+
+@dataclass(frozen=True)
+class Config:
+    """How much to search, where, and where failures go.
+
+    Args:
+        backend: `auto` (the GPU when usable), `sim` or `cuda`.
+        examples: examples per search.
+        seed: the Hypothesis seed: the same seed draws the same examples.
+        report_dir: where replay files, reports and timelines of failures are written.
+        repeat: k of k runs a manifested race must reproduce in; None: 5 on the GPU, 1 on the simulator.
+    """
+
+    backend: str = "auto"
+    examples: int = 200
+    seed: int = 0
+    report_dir: Path = field(default_factory=lambda: Path(".racefuzz"))
+    repeat: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.examples < 1:
+            raise InvalidArgument(f"examples must be a positive integer, got {self.examples}")
+        if self.seed < 0:
+            raise InvalidArgument(f"seed must be a non-negative integer, got {self.seed}")
+        if self.repeat is not None and self.repeat < 1:
+            raise InvalidArgument(f"repeat must be a positive integer, got {self.repeat}")
+
+    @property
+    def resolved_backend(self) -> str:
+        return resolve_backend(self.backend)
+
+
+def _design(design: str | Design) -> Design:
+    return design if isinstance(design, Design) else load_design(design)
+
+
+def _search(design: Design, config: Config, backend: str, hazards, plan_stream, *, shrink: bool) -> SearchResult:
+    return search(
+        design,
+        executor(backend),
+        backend=backend,
+        examples=config.examples,
+        seed=config.seed,
+        hazards=hazards,
+        plan_stream=plan_stream,
+        shrink=shrink,
+        repeat=config.repeat or (5 if backend == "cuda" else 1),
+    )
+
+
+def assert_race_free(
+    design: str | Design,
+    config: Config | None = None,
+    *,
+    hazards: Collection[str] = HAZARDS,
+    plan_stream: bool | None = None,
+    control: str | Design | None = CONTROL,
+) -> SearchResult:
+    """Fail unless `design` shows no race over `config.examples` examples while `control` is caught.
+
+    `control=None` skips the negative control; a "no race" then proves nothing, so only do that when a
+    control runs elsewhere in the same session.
+    """
+    config = config or Config()
+    backend = config.resolved_backend
+    target = _design(design)
+    if control is not None:
+        caught = _search(_design(control), config, backend, hazards, plan_stream, shrink=False)
+        if not caught.found:
+            raise AssertionError(
+                f"racefuzz: INCONCLUSIVE: the negative control `{caught.design.name}` was not caught in "
+                f"{caught.examples} examples on {backend}; widen the hazards or raise the examples"
+            )
+    result = _search(target, config, backend, hazards, plan_stream, shrink=True)
+    if result.found:
+        path, text, _ = save_counterexample(result, config.seed, config.report_dir)
+        raise AssertionError(f"racefuzz found a race in design {target.name} (replay file {path}):\n{text}")
+    return result
+
+
+def assert_no_new_race(
+    new: str | Design,
+    old: str | Design,
+    config: Config | None = None,
+    *,
+    hazards: Collection[str] = HAZARDS,
+    plan_stream: bool | None = None,
+) -> None:
+    """Fail if, on some drawn workload, `new` has a happens-before race that `old` does not have.
+
+    Races are compared by (kind, kernels, iterations, cells), which names the same launches in both
+    programs because designs add sync ops, not launches.
+    """
+    config = config or Config()
+    new_design, old_design = _design(new), _design(old)
+
+    def keys(workload, design: Design) -> set[tuple[object, ...]]:
+        return {
+            (
+                race.kind.value,
+                race.first.kernel,
+                race.first.info.get("iteration"),
+                race.second.kernel,
+                race.second.info.get("iteration"),
+                tuple(str(c) for c in race.cells),
+            )
+            for race in find_races(build_program(workload, design.hooks))
+        }
+
+    @hypothesis_seed(config.seed)
+    @settings(max_examples=config.examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(workloads(hazards=hazards, plan_stream=plan_stream))
+    def no_new_race(workload) -> None:
+        added = keys(workload, new_design) - keys(workload, old_design)
+        assert not added, (
+            f"racefuzz: design {new_design.name} has races that {old_design.name} does not: {sorted(added)[:3]} "
+            f"on workload {workload.to_json()}"
+        )
+
+    no_new_race()
