@@ -9,7 +9,8 @@ One iteration k of `Scheduler.event_loop_overlap` (see ../shared/docs/sglang-ove
    b. prefill (`alloc_for_extend`): new requests take rows from the free list -- recycled rows included --
       and write `R[row, done:done+chunk]`; a prefill batch takes priority over decode;
    c. otherwise decode: DFLASH `prepare_for_decode` over-allocates `R[row, cur_alloc:reserved]` with
-      `reserved = max(cur_alloc, committed_host + 2B)`, on S or on the plan stream P;
+      `reserved = max(cur_alloc, committed_host + 2B)`, on S or on the plan stream P; with
+      `page_size > 1` it first loads `R[row, cur_alloc - 1]` there (`get_last_loc`);
 3. `run_batch`: S waits on the previous forward's `publish_ready` (FutureMap), F waits on S (the RAW
    edge), then forward k reads on F: decode reads the draft block `R[row, P:P+B]`, the draft metadata
    and the verify page table `R[row, 0:P+B]`; prefill reads `R[row, 0:done+chunk]`. Then compute,
@@ -204,6 +205,8 @@ class OverlapLoop:
         for rid, spec in enumerate(w.requests):
             if spec.arrival == k:
                 self.waiting.append(rid)
+        if w.host_work_us:
+            self.device.host_delay(w.host_work_us)  # recv_requests / process_input_requests
         hooks.call("loop_top", ctx)
 
         requests = self.prefill_batch() or self.decode_batch()
@@ -261,15 +264,25 @@ class OverlapLoop:
         if ctx.plan_stream is not None:
             hooks.plan_enter(ctx)
             hooks.call("plan_fence", ctx)
-        writes = []
-        grown = []
+        growth = []
         for r in batch:
             reserved = max(r.cur_alloc, r.committed_host + hooks.headroom_blocks * w.block_size)
             reserved = min(reserved, w.max_context)
             if reserved > r.cur_alloc:
-                writes.append((self.table[r.row, r.cur_alloc : reserved], self._slots(reserved - r.cur_alloc)))
-                grown.append(r)
-                r.cur_alloc = reserved
+                growth.append((r, reserved))
+        if w.page_size > 1 and growth:
+            # dflash_info_v2.py:203-222: with page_size > 1, `get_last_loc(req_to_token, req_pool_indices,
+            # cur_kv_lens)` loads each request's last allocated slot, R[row, cur_alloc - 1], on this stream
+            # (the paged allocator extends that slot's page): a read of cells the schedule stream wrote.
+            last = [self.table[r.row, r.cur_alloc - 1 : r.cur_alloc] for r, _ in growth if r.cur_alloc > 0]
+            if last:
+                stream.launch("get_last_loc", reads=last, info=self._info([r for r, _ in growth], site=stream.name))
+        writes = []
+        grown = []
+        for r, reserved in growth:
+            writes.append((self.table[r.row, r.cur_alloc : reserved], self._slots(reserved - r.cur_alloc)))
+            grown.append(r)
+            r.cur_alloc = reserved
         if writes:
             stream.launch("overalloc_write", writes=writes, info=self._info(grown, site=stream.name))
         if ctx.plan_stream is not None:

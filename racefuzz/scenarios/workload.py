@@ -45,6 +45,9 @@ class Workload:
         plan_stream: run DFLASH's decode prep (over-allocation) on the plan stream.
         post_launch_rewrites: honour the requests' `rewrite_at` (result-processing rewrites).
         forward_cost_us: duration of each forward's compute (draft and verify each take half).
+        page_size: KV page size. Above 1, DFLASH decode prep reads `R[row, cur_alloc - 1]` (`get_last_loc`)
+            on its stream before over-allocating (dflash_info_v2.py:203-222); 1 (the default) reads nothing.
+            Only that read is modelled: slot ids still come from the counter, page alignment is not.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -54,6 +57,8 @@ class Workload:
     plan_stream: bool = False
     post_launch_rewrites: bool = True
     forward_cost_us: float = 40.0
+    host_work_us: float = 0.0
+    page_size: int = 1
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -62,8 +67,12 @@ class Workload:
             raise InvalidArgument(f"workload: block_size must be >= 1, got {self.block_size}")
         if self.rows < 1:
             raise InvalidArgument(f"workload: rows must be >= 1, got {self.rows}")
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
+            raise InvalidArgument(f"workload: page_size must be an int >= 1, got {self.page_size!r}")
         if not self.forward_cost_us >= 0:
             raise InvalidArgument(f"workload: forward_cost_us must be >= 0, got {self.forward_cost_us}")
+        if not self.host_work_us >= 0:
+            raise InvalidArgument(f"workload: host_work_us must be >= 0, got {self.host_work_us}")
         for i, r in enumerate(self.requests):
             if r.arrival < 0 or r.prompt_len < 1 or r.chunk < 1:
                 raise InvalidArgument(f"workload: request {i} needs arrival >= 0, prompt_len >= 1, chunk >= 1")
