@@ -104,6 +104,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    compare = commands.add_parser("compare", help="correctness and cost of sync designs side by side")
+    compare.add_argument(
+        "--designs",
+        default="self-event,global-war",
+        help="comma-separated designs, at least two (default self-event,global-war)",
+    )
+    compare.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable")
+    cplan = compare.add_mutually_exclusive_group()
+    cplan.add_argument("--plan-stream", dest="plan_stream", action="store_true", default=None)
+    cplan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false")
+    compare.add_argument("--hazards", type=_hazard_list, default=HAZARDS)
+    compare.add_argument("--workloads", type=_positive_int, default=100, help="drawn workloads (default 100)")
+    compare.add_argument("--seed", type=_non_negative_int, default=0)
+    compare.add_argument(
+        "--forward-us",
+        type=float,
+        default=3000.0,
+        help="forward compute per iteration in us (default 3000, a decode step)",
+    )
+    compare.add_argument(
+        "--host-us",
+        type=float,
+        default=600.0,
+        help="host scheduling work per iteration before decode prep, in us (default 600)",
+    )
+    compare.add_argument(
+        "--prep-us",
+        type=float,
+        default=300.0,
+        help="host work between decode prep and the forward launch, in us (default 300)",
+    )
+    compare.add_argument("--json", type=Path, help="write the results here")
+    compare.add_argument("--plot", type=Path, help="write a PNG: cost bars and one timeline per design")
+
     commands.add_parser("designs", help="list the built-in designs")
 
     replay = commands.add_parser("replay", help="re-run a replay file and print its report")
@@ -132,6 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from racefuzz.commands.run import run_command
 
             return run_command(args)
+        if args.command == "compare":
+            from racefuzz.commands.compare import compare_command
+
+            return compare_command(args)
         if args.command == "designs":
             from racefuzz.designs import BUILTIN, describe
 

@@ -91,25 +91,26 @@ def write_trace(path: Path, execution: Execution, race: Race | None, title: str)
     return path
 
 
-def write_png(
-    path: Path, execution: Execution, race: Race | None, title: str, read_spins: dict[int, float] | None = None
-) -> Path | None:
-    """Render the timeline with matplotlib; None (and no file) when matplotlib is not installed.
-
-    `read_spins` (op index -> us) hatches the spinning head of those readers' spans; dotted lines mark
-    when the two conflicting accesses took effect (each at its kernel's end).
-    """
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
     except ImportError:
         return None
+    return plt
+
+
+def draw(ax, execution: Execution, race: Race | None = None, read_spins: dict[int, float] | None = None) -> None:
+    """Draw `execution`'s timeline on a matplotlib axis: a row per track, the race's accesses in red.
+
+    `read_spins` (op index -> us) hatches the spinning head of those readers' spans; dotted lines mark
+    when the two conflicting accesses took effect (each at its kernel's end).
+    """
     spans = execution.timeline
     tracks = _tracks(spans)
-    fig, ax = plt.subplots(figsize=(12, 0.7 * len(tracks) + 1.6))
     conflict_rows = [len(tracks) - 1 - tracks.index(s.track) for s in spans if _conflict(s, race)]
     for span in spans:
         y = len(tracks) - 1 - tracks.index(span.track)
@@ -150,11 +151,30 @@ def write_png(
     ax.set_yticklabels(list(reversed(tracks)))
     ax.set_xlabel("time (us)")
     ax.set_xlim(0, max(execution.host_end_us, 1.0) * 1.02)
+
+
+def legend_handles() -> list:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=c, label=k.replace("_", " ")) for k, c in _KIND_COLOURS.items()]
+    handles.append(Patch(facecolor="#4C72B0", edgecolor="white", hatch="xx", label="read spin"))
+    handles.append(Patch(facecolor=_CONFLICT_COLOUR, label="conflicting accesses"))
+    return handles
+
+
+def write_png(
+    path: Path, execution: Execution, race: Race | None, title: str, read_spins: dict[int, float] | None = None
+) -> Path | None:
+    """Render the timeline to a PNG; None (and no file) when matplotlib is not installed."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    tracks = _tracks(execution.timeline)
+    fig, ax = plt.subplots(figsize=(12, 0.7 * len(tracks) + 1.6))
+    draw(ax, execution, race, read_spins)
     ax.set_title(title, fontsize=9)
-    legend = [Patch(facecolor=c, label=k.replace("_", " ")) for k, c in _KIND_COLOURS.items()]
-    legend.append(Patch(facecolor="#4C72B0", edgecolor="white", hatch="xx", label="read spin"))
-    legend.append(Patch(facecolor=_CONFLICT_COLOUR, label="conflicting accesses"))
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(legend), fontsize=8)
+    handles = legend_handles()
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(handles), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -210,6 +210,8 @@ class OverlapLoop:
         hooks.call("loop_top", ctx)
 
         requests = self.prefill_batch() or self.decode_batch()
+        if requests and w.launch_prep_us:
+            self.device.host_delay(w.launch_prep_us)  # run_batch: ForwardBatch construction before the launch
         launched = self.run_batch(requests) if requests else None
         if launched is not None:
             hooks.call("after_launch", ctx)

@@ -58,6 +58,7 @@ class Workload:
     post_launch_rewrites: bool = True
     forward_cost_us: float = 40.0
     host_work_us: float = 0.0
+    launch_prep_us: float = 0.0
     page_size: int = 1
 
     def __post_init__(self) -> None:
@@ -73,6 +74,8 @@ class Workload:
             raise InvalidArgument(f"workload: forward_cost_us must be >= 0, got {self.forward_cost_us}")
         if not self.host_work_us >= 0:
             raise InvalidArgument(f"workload: host_work_us must be >= 0, got {self.host_work_us}")
+        if not self.launch_prep_us >= 0:
+            raise InvalidArgument(f"workload: launch_prep_us must be >= 0, got {self.launch_prep_us}")
         for i, r in enumerate(self.requests):
             if r.arrival < 0 or r.prompt_len < 1 or r.chunk < 1:
                 raise InvalidArgument(f"workload: request {i} needs arrival >= 0, prompt_len >= 1, chunk >= 1")

@@ -1,0 +1,280 @@
+"""`racefuzz compare`: the correctness and the cost of sync designs, side by side.
+
+Every design runs the same drawn workloads under the same delay schedules (delays attach to launches,
+which designs share). Per design it reports the two verdicts -- workloads with an unordered conflicting
+pair (happens-before) and workloads whose loads were corrupted under the drawn schedule -- and the races
+one design has and another lacks; and, from an undelayed run of each workload with its timeline
+recorded, the cost: host time blocked per iteration, GPU idle time between forwards, iterations per
+second. On the simulator the costs are modelled; on the GPU they are measured (CUDA events on the
+streams, host clocks around blocking calls).
+
+The defaults make forwards resemble a DFLASH decode step as #29556 measured it: 3 ms of forward compute
+against 0.6 ms of host scheduling work before decode prep and 0.3 ms of launch preparation after it, so
+a host that waits for the previous forward in decode prep (`verify_done.synchronize()`) blocks ~2.1 ms
+a step, and the GPU then idles while the host prepares the launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from racefuzz import __version__
+from racefuzz.backend import executor, resolve_backend
+from racefuzz.costs import Costs, measure
+from racefuzz.designs import Design, load_design
+from racefuzz.errors import InvalidArgument
+from racefuzz.hb import find_races
+from racefuzz.oracle import find_corruptions
+from racefuzz.program import Program
+from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.schedule import NO_DELAYS
+from racefuzz.sim import Execution, simulate
+from racefuzz.strategies import check_hazards, decode_schedule, decode_workload
+
+STEADY_DECODE = Workload(requests=tuple(RequestSpec(0, 8, 64, (2,) * 12) for _ in range(4)), iterations=10)
+"""Four requests decoding (one prefill iteration, then nine decode steps): the steady state in which
+#29556's 2.1 ms stall was measured. Its costs are reported beside the drawn workloads' and its timeline
+is the one the plot shows."""
+
+
+def parse_designs(text: str) -> list[Design]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if len(names) < 2:
+        raise InvalidArgument(f"--designs needs at least two designs to compare, got {names or [text]}")
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"--designs names a design twice: {names}")
+    return [load_design(name) for name in names]
+
+
+def _timed_run(program: Program, backend: str) -> Execution:
+    if backend == "cuda":
+        from racefuzz.backends.cuda import CudaConfig, execute
+
+        return execute(program, NO_DELAYS, CudaConfig(timeline=True))
+    return simulate(program)
+
+
+def _race_key(race) -> str:
+    return f"{race.kind} {race.first.kernel} ({race.first.stream}) -> {race.second.kernel} ({race.second.stream})"
+
+
+def compare(
+    designs: list[Design],
+    *,
+    backend: str,
+    workloads: int,
+    seed: int,
+    hazards,
+    plan_stream: bool | None,
+    forward_us: float,
+    host_us: float,
+    prep_us: float,
+    max_delays: int = 4,
+) -> dict[str, object]:
+    """Run the comparison; returns the JSON-able result."""
+    allowed = check_hazards(hazards)
+    rng = random.Random(seed)
+    run = executor(backend)
+    per_design: dict[str, dict[str, object]] = {
+        d.name: {"unordered": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
+    }
+    pair_keys: list[dict[str, set[tuple[object, ...]]]] = []
+    for _ in range(workloads):
+        workload = decode_workload(
+            rng.randbytes(rng.randint(11, 60)), hazards=allowed, max_iterations=8, plan_stream=plan_stream
+        )
+        workload = replace(workload, forward_cost_us=forward_us, host_work_us=host_us, launch_prep_us=prep_us)
+        delays = rng.randbytes(4 * rng.randint(0, max_delays))
+        keys: dict[str, set[tuple[object, ...]]] = {}
+        for design in designs:
+            program = build_program(workload, design.hooks)
+            row = per_design[design.name]
+            races = find_races(program)
+            keys[design.name] = {
+                (
+                    r.kind.value,
+                    r.first.kernel,
+                    r.first.info.get("iteration"),
+                    r.second.kernel,
+                    r.second.info.get("iteration"),
+                    tuple(str(c) for c in r.cells),
+                )
+                for r in races
+            }
+            row["unordered"] += bool(races)  # type: ignore[operator]
+            kinds = row["race_kinds"]
+            assert isinstance(kinds, dict)
+            for race in races:
+                kinds[_race_key(race)] = kinds.get(_race_key(race), 0) + 1
+            execution = run(program, decode_schedule(delays, program))
+            row["corrupted"] += bool(find_corruptions(program, execution.observations))  # type: ignore[operator]
+            costs = row["costs"]
+            assert isinstance(costs, list)
+            costs.append(measure(program, _timed_run(program, backend), workload.iterations))
+        pair_keys.append(keys)
+
+    steady = {}
+    for design in designs:
+        workload = replace(STEADY_DECODE, forward_cost_us=forward_us, host_work_us=host_us, launch_prep_us=prep_us)
+        program = build_program(workload, design.hooks)
+        c = measure(program, _timed_run(program, backend), workload.iterations)
+        steady[design.name] = {
+            "host_blocked_us_per_iteration": round(c.host_blocked_us_per_iteration, 1),
+            "host_blocked_us_per_iteration_on": {
+                k: round(v / c.iterations, 1) for k, v in sorted(c.blocked_on.items())
+            },
+            "gpu_idle_us_per_forward_gap": round(c.gpu_idle_us_per_forward_gap, 1),
+            "iterations_per_s": round(c.iterations_per_s, 1),
+        }
+
+    names = [d.name for d in designs]
+    differences = {}
+    for a in names:
+        for b in names:
+            if a != b:
+                only = sum(bool(keys[a] - keys[b]) for keys in pair_keys)
+                differences[f"{a} not {b}"] = only
+    summary = {}
+    for design in designs:
+        row = per_design[design.name]
+        costs: list[Costs] = row.pop("costs")  # type: ignore[assignment]
+        iterations = sum(c.iterations for c in costs)
+        blocked_on: dict[str, float] = {}
+        for c in costs:
+            for what, us in c.blocked_on.items():
+                blocked_on[what] = blocked_on.get(what, 0.0) + us
+        summary[design.name] = {
+            **row,
+            "spec": design.spec,
+            "host_blocked_us_per_iteration": round(sum(c.host_blocked_us for c in costs) / iterations, 1),
+            "host_blocked_us_per_iteration_on": {k: round(v / iterations, 1) for k, v in sorted(blocked_on.items())},
+            "gpu_idle_us_per_forward_gap": round(
+                sum(c.gpu_idle_us for c in costs) / max(sum(c.forwards - 1 for c in costs), 1), 1
+            ),
+            "iterations_per_s": round(statistics.median(c.iterations_per_s for c in costs), 1),
+        }
+    return {
+        "racefuzz": __version__,
+        "backend": backend,
+        "costs": "measured (CUDA events, host clocks)" if backend == "cuda" else "modelled (simulator)",
+        "workloads": workloads,
+        "seed": seed,
+        "hazards": sorted(allowed),
+        "plan_stream": plan_stream,
+        "forward_us": forward_us,
+        "host_work_us": host_us,
+        "launch_prep_us": prep_us,
+        "designs": summary,
+        "steady_decode": steady,
+        "workloads_with_races_only_in": differences,
+    }
+
+
+def render(result: dict[str, object]) -> str:
+    designs = result["designs"]
+    assert isinstance(designs, dict)
+    lines = [
+        f"racefuzz compare on {result['backend']}: {result['workloads']} workloads, seed {result['seed']}, "
+        f"forward {result['forward_us']:g} us, host work {result['host_work_us']:g} + launch prep "
+        f"{result['launch_prep_us']:g} us per iteration; "
+        f"costs {result['costs']}",
+        f"{'design':18} {'unordered':>9} {'corrupted':>9} {'host blocked/iter':>18} {'GPU idle/gap':>13} {'iter/s':>8}",
+    ]
+    for name, row in designs.items():
+        lines.append(
+            f"{name:18} {row['unordered']:>9} {row['corrupted']:>9} {row['host_blocked_us_per_iteration']:>15.1f} us "
+            f"{row['gpu_idle_us_per_forward_gap']:>10.1f} us {row['iterations_per_s']:>8.1f}"
+        )
+    lines.append("(unordered / corrupted: workloads out of the total with a happens-before race / a manifested one)")
+    for name, row in designs.items():
+        parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
+        lines.append(f"  {name} host blocked per iteration on: {parts or 'nothing'}")
+    lines.append("steady decode (4 requests, 1 prefill + 9 decode iterations; the regime of #29556's measurement):")
+    for name, row in result["steady_decode"].items():  # type: ignore[union-attr]
+        parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
+        lines.append(
+            f"  {name:18} host blocked {row['host_blocked_us_per_iteration']:.1f} us/iter ({parts or 'nothing'}), "
+            f"GPU idle {row['gpu_idle_us_per_forward_gap']:.1f} us/gap, {row['iterations_per_s']:.1f} iter/s"
+        )
+    for pair, count in result["workloads_with_races_only_in"].items():  # type: ignore[union-attr]
+        a, b = pair.split(" not ")
+        lines.append(f"workloads where {a} has a race that {b} does not: {count}")
+    for name, row in designs.items():
+        for kind, count in sorted(row["race_kinds"].items(), key=lambda kv: -kv[1])[:4]:
+            lines.append(f"  {name}: {kind}  ({count} races)")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, object], designs: list[Design], backend: str, path: Path) -> Path | None:
+    from racefuzz.timeline import draw, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return None
+    rows = result["steady_decode"]
+    assert isinstance(rows, dict)
+    fig = plt.figure(figsize=(13, 3.2 + 2.2 * len(designs)))
+    grid = fig.add_gridspec(1 + len(designs), 3, height_ratios=[1.4] + [1.0] * len(designs))
+    names = list(rows)
+    for column, (key, label) in enumerate(
+        [
+            ("host_blocked_us_per_iteration", "host blocked per iteration (us)"),
+            ("gpu_idle_us_per_forward_gap", "GPU idle between forwards (us)"),
+            ("iterations_per_s", "iterations per second"),
+        ]
+    ):
+        ax = fig.add_subplot(grid[0, column])
+        ax.bar(names, [rows[n][key] for n in names], color=["#4C72B0", "#DD8452", "#55A868", "#C44E52"][: len(names)])
+        ax.set_title(f"{label}, steady decode", fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    showcase = replace(
+        STEADY_DECODE,
+        forward_cost_us=result["forward_us"],
+        host_work_us=result["host_work_us"],
+        launch_prep_us=result["launch_prep_us"],
+    )
+    for i, design in enumerate(designs):
+        ax = fig.add_subplot(grid[1 + i, :])
+        draw(ax, _timed_run(build_program(showcase, design.hooks), backend))
+        ax.set_title(f"{design.name}: steady decode, {backend} timeline", fontsize=9)
+    fig.suptitle(f"racefuzz compare ({result['costs']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from racefuzz.cli import EXIT_CLEAN
+
+    designs = parse_designs(args.designs)
+    backend = resolve_backend(args.backend)
+    if not (args.forward_us >= 0 and args.host_us >= 0 and args.prep_us >= 0):
+        raise InvalidArgument("--forward-us, --host-us and --prep-us must be >= 0")
+    result = compare(
+        designs,
+        backend=backend,
+        workloads=args.workloads,
+        seed=args.seed,
+        hazards=args.hazards,
+        plan_stream=args.plan_stream,
+        forward_us=args.forward_us,
+        host_us=args.host_us,
+        prep_us=args.prep_us,
+    )
+    print(render(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot is not None:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        if plot(result, designs, backend, args.plot) is None:
+            print("racefuzz compare: matplotlib is not installed; no plot written", file=sys.stderr)
+    return EXIT_CLEAN
