@@ -6,6 +6,11 @@ For one design, `search` runs up to `examples` examples. Each draws a workload, 
 * manifested corruption: every load equals the sequential reference (`racefuzz.oracle`);
 * happens-before: no conflicting access pair is unordered (`racefuzz.hb`; timing-independent).
 
+The delay schedule comes from one of three strategies: `random` (the default: up to `max_delays` delays,
+each on a drawn launch, `racefuzz.strategies.decode_schedule`), `pct` (PCT-style stream priorities and
+change points, `racefuzz.schedulers.pct`), or `none` (no injected delay: a plain stress loop, the
+baseline that shows what delay injection adds).
+
 A manifested corruption fails the Hypothesis test, which then shrinks the workload and the schedule
 together; `racefuzz.minimize` then simplifies the structure further (fewer requests, iterations and
 delays). When nothing manifested but the happens-before oracle saw races, a second search shrinks the
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
 
 from racefuzz.backend import Executor
 from racefuzz.designs import Design
@@ -32,6 +38,7 @@ from racefuzz.program import Program
 from racefuzz.scenarios.sglang import build_program
 from racefuzz.scenarios.workload import Workload
 from racefuzz.schedule import NO_DELAYS, Schedule
+from racefuzz.schedulers.pct import DEFAULT_DEPTH, decode_pct_schedule, pct_bytes
 from racefuzz.sim import Execution
 from racefuzz.strategies import (
     HAZARDS,
@@ -109,6 +116,9 @@ class SearchResult:
     racy_examples: int = 0
     flaky: list[Flaky] = field(default_factory=list)
     repeat: int = 1
+    strategy: str = "random"
+    first_manifested_example: int | None = None
+    first_manifested_seconds: float | None = None
 
     @property
     def found(self) -> bool:
@@ -121,6 +131,10 @@ class _Manifested(Exception):
 
 class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
+
+
+STRATEGIES = ("random", "pct", "none")
+"""Delay strategies `search` draws schedules from (see the module docstring)."""
 
 
 def _settings(max_examples: int, *, shrink: bool = True) -> settings:
@@ -152,8 +166,14 @@ def search(
     shrink: bool = True,
     repeat: int = 1,
     on_example: Callable[[int], None] | None = None,
+    strategy: str = "random",
+    pct_depth: int = DEFAULT_DEPTH,
 ) -> SearchResult:
     """Search `examples` examples for a race of `design`; see the module docstring.
+
+    `strategy` picks the delay schedules: `random`, `pct` (depth `pct_depth`) or `none`.
+    `first_manifested_example/seconds` are kept apart from `first_detection_*` (any oracle), because only
+    the manifested oracle depends on the schedule: they are what tells delay strategies apart.
 
     `repeat` (k): an example whose loads differ is re-run until it has run k times, and counts as a
     manifested race only when all k runs differ; otherwise it is recorded in `SearchResult.flaky` with its
@@ -162,7 +182,10 @@ def search(
     """
     if repeat < 1:
         raise InvalidArgument(f"repeat must be >= 1, got {repeat}")
+    if strategy not in STRATEGIES:
+        raise InvalidArgument(f"unknown delay strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     allowed = check_hazards(hazards)
+    schedule_strategy, decode = _schedule_source(strategy, max_delays, pct_depth)
     workload_strategy = workloads(hazards=allowed, plan_stream=plan_stream, fixed_iterations=fixed_iterations)
     start = time.perf_counter()
     counts = {"examples": 0, "manifested": 0, "racy": 0}
@@ -175,7 +198,7 @@ def search(
     # One given() of two byte strings, decoded here: a third of the cost of drawing through st.data().
     @hypothesis_seed(seed)
     @_settings(examples, shrink=shrink)
-    @given(workload_bytes(), schedule_bytes(max_delays))
+    @given(workload_bytes(), schedule_strategy)
     def manifest(workload_data: bytes, schedule_data: bytes) -> None:
         workload = decode_workload(
             workload_data,
@@ -185,7 +208,7 @@ def search(
             fixed_iterations=fixed_iterations,
         )
         program = build_program(workload, design.hooks)
-        schedule = decode_schedule(schedule_data, program)
+        schedule = decode(schedule_data, program)
         execution = run(program, schedule)
         corruptions = find_corruptions(program, execution.observations, execution.writers)
         if not shrinking[0]:
@@ -205,6 +228,8 @@ def search(
                 counts["manifested"] += 1
                 first.setdefault("example", counts["examples"])
                 first.setdefault("seconds", time.perf_counter() - start)
+                first.setdefault("manifested_example", counts["examples"])
+                first.setdefault("manifested_seconds", time.perf_counter() - start)
                 shrinking[0] = True  # what runs after this is shrinking or Hypothesis' final replay
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
@@ -243,7 +268,21 @@ def search(
         racy_examples=counts["racy"],
         flaky=flaky,
         repeat=repeat,
+        strategy=strategy,
+        first_manifested_example=int(first["manifested_example"]) if "manifested_example" in first else None,
+        first_manifested_seconds=first.get("manifested_seconds"),
     )
+
+
+def _schedule_source(
+    strategy: str, max_delays: int, pct_depth: int
+) -> tuple[st.SearchStrategy[bytes], Callable[[bytes, Program], Schedule]]:
+    """The byte strategy a delay strategy draws from, and its decoder onto a program."""
+    if strategy == "pct":
+        return pct_bytes(pct_depth), lambda data, program: decode_pct_schedule(data, program, depth=pct_depth)
+    if strategy == "none":
+        return st.just(b""), lambda data, program: NO_DELAYS
+    return schedule_bytes(max_delays), lambda data, program: decode_schedule(data, program)
 
 
 def explain(outcome: Outcome, backend: str) -> Outcome:

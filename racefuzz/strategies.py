@@ -13,6 +13,13 @@ empty moves every field toward its simplest value: fewer and shorter requests, o
     chunked-stash         prompts longer than the chunk size (stash rewrites of the previous chunk)
     post-launch-rewrite   result processing rewrites live rows' prefixes
     plan-stream           DFLASH decode prep runs on the plan stream
+
+and one opt-in hazard, outside `HAZARDS` so that the default workloads (and every seed's examples) stay
+what they were:
+
+    paged-get-last-loc    page_size > 1: decode prep loads each request's last allocated slot
+                          (`get_last_loc`, dflash_info_v2.py:203-222) on its stream -- on the plan stream,
+                          a read of cells the schedule stream wrote (sglang #28034's plan-stream reads)
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from racefuzz.schedule import Schedule
 HAZARDS = ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
 PRE_LAUNCH_HAZARDS = ("recycled-row-prefill", "chunked-stash", "plan-stream")
 """Every hazard but the post-launch rewrite: what a loop-top WAR barrier can fence."""
+OPT_IN_HAZARDS = ("paged-get-last-loc",)
+"""Hazards a search draws only when asked for by name (not part of the default `HAZARDS`)."""
+ALL_HAZARDS = HAZARDS + OPT_IN_HAZARDS
 
 MAX_BLOCK_SIZE = 4
 MAX_PROMPT = 12
@@ -37,15 +47,15 @@ MAX_ITERATIONS = 8
 DELAY_STEP_US = 20.0
 """A delay byte b means b * 20 us: 0 to 5.1 ms, far longer than the simulated kernels."""
 
-_HEADER = 4  # block size, iterations, rows, plan stream
+_HEADER = 4  # block size, iterations, rows, plan stream (bit 0) and page size (bit 1)
 _REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), rewrite bits
 _DELAY = 4  # kind, op (2 bytes), length
 
 
 def check_hazards(hazards: Collection[str]) -> frozenset[str]:
-    unknown = set(hazards) - set(HAZARDS)
+    unknown = set(hazards) - set(ALL_HAZARDS)
     if unknown:
-        raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(HAZARDS)}")
+        raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(ALL_HAZARDS)}")
     return frozenset(hazards)
 
 
@@ -83,6 +93,8 @@ def decode_workload(
     rows = 1 + data[2] % len(requests) if "recycled-row-prefill" in hazards else len(requests)
     if plan_stream is None:
         plan_stream = "plan-stream" in hazards and bool(data[3] & 1)
+    # Bit 1 of the plan-stream byte: shrinking clears it, back to page_size 1 (no get_last_loc read).
+    page_size = 2 if "paged-get-last-loc" in hazards and data[3] & 2 else 1
     return Workload(
         requests=tuple(requests),
         iterations=max_iterations if fixed_iterations else 1 + data[1] % max_iterations,
@@ -90,6 +102,7 @@ def decode_workload(
         rows=rows,
         plan_stream=plan_stream,
         post_launch_rewrites=rewrites,
+        page_size=page_size,
     )
 
 
