@@ -17,6 +17,9 @@ of these hooks, each called with the `LoopContext` (see `racefuzz.scenarios.sgla
 
 and optionally `headroom_blocks` (over-allocation headroom in blocks, default 2) and `description`.
 Nothing to subclass: see README's "write your own design" for a complete one in a dozen lines.
+
+Besides the built-ins, `load_design` knows the deliberately broken designs of `racefuzz.designs.mutants`
+by name (`mutant-...`); they are not built-ins (`BUILTIN` lists the designs one would ship).
 """
 
 from __future__ import annotations
@@ -64,13 +67,26 @@ def check_design(obj: object, spec: str) -> None:
         raise InvalidArgument(f"{spec}: headroom_blocks must be a non-negative int, got {headroom!r}")
 
 
+def mutant_designs() -> dict[str, object]:
+    """The mutants by name (`racefuzz.designs.mutants.MUTANTS`), imported on first use."""
+    from racefuzz.designs.mutants import MUTANTS
+
+    return MUTANTS
+
+
 def load_design(spec: str) -> Design:
-    """A built-in design by name, or `package.module:attribute` (a design object or a module)."""
+    """A built-in design or a mutant by name, or `package.module:attribute` (a design object or a module)."""
     if spec in BUILTIN:
         obj = BUILTIN[spec]
         return Design(spec, describe(obj), spec, obj)
+    if spec.startswith("mutant-") and spec in mutant_designs():
+        obj = mutant_designs()[spec]
+        return Design(spec, describe(obj), spec, obj)
     if ":" not in spec and "." not in spec:
-        raise InvalidArgument(f"unknown design {spec!r}; built-in designs: {', '.join(BUILTIN)} (or module:attr)")
+        raise InvalidArgument(
+            f"unknown design {spec!r}; built-in designs: {', '.join(BUILTIN)} (or module:attr; the deliberately "
+            "broken `mutant-*` designs are listed in racefuzz.designs.mutants)"
+        )
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -1,0 +1,262 @@
+"""Mutants: deliberately broken sync designs, each planting one bug that sglang has had or could have.
+
+A fuzzer is only as good as the bugs it catches. Each mutant here is a correct design (its `base`,
+almost always `war-after-launch`, clean over every hazard) with one mutation, and says in its
+`description` what it breaks and which sglang PR or issue it models. `racefuzz bench mutants` searches
+each one and reports whether, how fast and by which oracle it was caught (its kill rate), beside the
+baselines (a plain stress loop, the PCT-style delay strategy). Besides the design hooks, a mutant
+carries what the benchmark needs to search it:
+
+    base        the correct design it mutates
+    hazards     the workload hazards searched: ones the base design is clean under, so a detection is
+                the mutation's (`racefuzz.strategies.HAZARDS` plus the opt-in `paged-get-last-loc`)
+    plan_stream True when the mutated code only runs with DFLASH's plan stream; None lets workloads draw it
+    equivalent  None, or why no schedule of the scenario can tell it from its base (an equivalent mutant:
+                reported, not counted in the kill rate)
+
+Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `load_design(name)`.
+"""
+
+from __future__ import annotations
+
+from racefuzz.designs.global_war import apply_war_barrier
+from racefuzz.strategies import ALL_HAZARDS, HAZARDS
+
+ALL = ALL_HAZARDS
+"""Every hazard, the opt-in page_size > 1 read included: the base `war-after-launch` is clean under all."""
+
+
+class _WarAfterLaunch:
+    """The base most mutants start from: `war-after-launch` (#31687 with #29541's read-done fast path)."""
+
+    base = "war-after-launch"
+    hazards: tuple[str, ...] = ALL
+    plan_stream: bool | None = None
+    equivalent: str | None = None
+
+    def after_reads(self, ctx) -> None:
+        if ctx.is_decode:
+            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
+
+    def after_launch(self, ctx) -> None:
+        apply_war_barrier(ctx)
+
+
+class PlanNoWaitSchedule(_WarAfterLaunch):
+    name = "mutant-plan-no-wait-schedule"
+    description = (
+        "The plan stream skips `plan_stream.wait_stream(schedule_stream)` on entering its context "
+        "(dflash_info_v2.py:193), so with page_size > 1 its `get_last_loc` read of R can run before the "
+        "schedule stream's prefill write of that cell lands (the plan-stream reads of in-flight data of #28034)."
+    )
+    plan_stream = True
+
+    def plan_enter(self, ctx) -> None:
+        """The missing `plan_stream.wait_stream(caller_stream)`: nothing is enqueued."""
+
+
+class PlanExitSelfWait(_WarAfterLaunch):
+    name = "mutant-plan-exit-self-wait"
+    description = (
+        "`schedule_stream.wait_stream(plan_stream)` is issued inside the plan-stream context, where the "
+        "current stream is the plan stream itself: a self-wait no-op, so the forward can read the "
+        "over-allocation before the plan stream wrote it (the fork variant #23000 explicitly avoids)."
+    )
+    plan_stream = True
+
+    def plan_exit(self, ctx) -> None:
+        ctx.plan_stream.wait_stream(ctx.plan_stream)  # `current_stream()` is the plan stream here
+
+
+class ReadDoneBeforeLastReader(_WarAfterLaunch):
+    name = "mutant-read-done-early"
+    description = (
+        "The forward records `read_done` before the verify page-table build, a reader that follows it, "
+        "as a pre-replay event is for a breakable-graph verify that re-reads R during replay (#30261)."
+    )
+
+    def after_reads(self, ctx) -> None:
+        """Recorded in `before_verify` instead."""
+
+    def before_verify(self, ctx) -> None:
+        ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
+
+
+class ReusedReadDone(_WarAfterLaunch):
+    name = "mutant-reused-read-done"
+    description = (
+        "One reusable `read_done` event, re-recorded by every decode forward and waited on unconditionally: "
+        "a forward that records none (extend) leaves an older forward's record armed, so the barrier binds "
+        "to the wrong forward's record (the event-reuse hazard of #31072, which #31698's rings prevent)."
+    )
+
+    def _event(self, ctx):
+        event = ctx.state.get("reused_read_done")
+        if event is None:
+            event = ctx.state["reused_read_done"] = ctx.device.event("read_done")
+        return event
+
+    def after_reads(self, ctx) -> None:
+        if ctx.is_decode:
+            self._event(ctx).record(ctx.forward_stream)  # re-arms the one event
+
+    def after_launch(self, ctx) -> None:
+        # Never None, so the coarse fallback is never taken; before the first record the wait is a no-op.
+        ctx.schedule_stream.wait_event(self._event(ctx))
+
+
+class HeadroomOneBlock(_WarAfterLaunch):
+    name = "mutant-headroom-one-block"
+    description = (
+        "Over-allocation headroom of `committed + B` instead of `committed + 2B`: with the host's committed "
+        "length one forward behind, the forward reads R cells nobody allocated for it (the double buffer "
+        "#33579 calls the overlap-mode double buffer, halved)."
+    )
+    headroom_blocks = 1
+
+
+class SkipCopyDoneSync(_WarAfterLaunch):
+    name = "mutant-skip-copy-done"
+    description = (
+        "Result processing skips `copy_done.synchronize()` (batch_result_processor.py), so the host runs "
+        "on with two or more forwards in flight (model section 2.1's in-flight window)."
+    )
+    equivalent = (
+        "No schedule can make it race on req_to_token: every schedule-stream write issued in iteration k is "
+        "already ordered after forward k-1's reads by `schedule_stream.wait_event(publish_ready)` in "
+        "run_batch (FutureMap.resolve_seq_lens_cpu, #29232), the plan stream inherits that through "
+        "`plan_stream.wait_stream(schedule_stream)`, and the barrier on the forward stream (FIFO) covers "
+        "every older forward; what the host sync protects in sglang is the host's own reads of the D2H'd "
+        "results, which the model does not carry."
+    )
+
+    def wait_result(self, ctx, copy_done) -> None:
+        """The skipped host sync."""
+
+
+class BarrierDecodeOnly(_WarAfterLaunch):
+    name = "mutant-barrier-decode-only"
+    description = (
+        "The WAR barrier after run_batch is applied on decode iterations only, so the next chunk's stash "
+        "rewrite (and any write after an extend forward) races the extend forward's reads, the gap of "
+        "DFLASH's decode-only self-fence before #29556."
+    )
+
+    def after_launch(self, ctx) -> None:
+        if ctx.is_decode:
+            apply_war_barrier(ctx)
+
+
+class WaitPreviousEvent(_WarAfterLaunch):
+    name = "mutant-wait-previous-event"
+    description = (
+        "The barrier waits on the previous forward's `read_done` (an off-by-one through `last_batch`) "
+        "instead of the just-launched forward's, so result-processing rewrites race forward k's reads "
+        "(what #31687 set out to fence)."
+    )
+
+    def after_reads(self, ctx) -> None:
+        ctx.state["current"] = ctx.forward_stream.record_event("read_done") if ctx.is_decode else None
+
+    def after_launch(self, ctx) -> None:
+        previous = ctx.state.get("previous")
+        if previous is not None:
+            ctx.schedule_stream.wait_event(previous)
+        else:
+            ctx.schedule_stream.wait_stream(ctx.forward_stream)
+        ctx.state["previous"] = ctx.state.get("current")
+
+
+class BarrierWrongStream(_WarAfterLaunch):
+    name = "mutant-barrier-wrong-stream"
+    description = (
+        "The barrier waits on the wrong stream: `forward_stream.wait_event(read_done)` / "
+        "`forward_stream.wait_stream(schedule_stream)` (waiter and awaited swapped), which orders nothing "
+        "new, so every schedule-stream write after the launch races the forward (#26380's edge reversed)."
+    )
+
+    def after_launch(self, ctx) -> None:
+        read_done = ctx.state.pop("read_done", None)
+        if read_done is not None:
+            ctx.forward_stream.wait_event(read_done)
+        else:
+            ctx.forward_stream.wait_stream(ctx.schedule_stream)
+
+
+class ReadDoneOnScheduleStream(_WarAfterLaunch):
+    name = "mutant-read-done-on-schedule-stream"
+    description = (
+        "`read_done.record()` is issued outside `forward_stream_ctx`, so it is recorded on the schedule "
+        "stream and the barrier's `schedule_stream.wait_event(read_done)` waits on itself (#28363/#29541's "
+        "fast path with its event on the wrong stream)."
+    )
+
+    def after_reads(self, ctx) -> None:
+        if ctx.is_decode:
+            ctx.state["read_done"] = ctx.schedule_stream.record_event("read_done")
+
+
+class RecycledRowUnfenced(_WarAfterLaunch):
+    name = "mutant-18744-recycled-row"
+    description = (
+        "The only WAR fence sits in decode prep (`schedule_stream.wait_stream(forward_stream)` in "
+        "prepare_for_decode), so a prefill into the row of a request freed in result k-1 writes it while "
+        "forward k, which still contains that request, reads it (#18744, MTPv2 overlap; fixes #18746/#18803)."
+    )
+    hazards = ("recycled-row-prefill",)
+
+    def prepare_decode(self, ctx) -> None:
+        ctx.schedule_stream.wait_stream(ctx.forward_stream)
+
+    def after_launch(self, ctx) -> None:
+        """No barrier after the launch."""
+
+
+class LoopTopBarrier(_WarAfterLaunch):
+    name = "mutant-31687-loop-top-barrier"
+    description = (
+        "The WAR barrier back at the loop top instead of right after run_batch, so `pop_and_process`'s "
+        "radix rewrites land while the just-launched forward still reads them (the race #31687 fixed)."
+    )
+
+    def loop_top(self, ctx) -> None:
+        apply_war_barrier(ctx)
+
+    def after_launch(self, ctx) -> None:
+        """Moved to `loop_top`."""
+
+
+class PlanOverwritesDraftReads(_WarAfterLaunch):
+    name = "mutant-28034-plan-overwrite"
+    description = (
+        "EAGLE-style plan-stream prep: a single block of headroom and a plan stream that does not wait on "
+        "the schedule stream, so its write of R[row, seq_len:seq_len+B] lands while the previous forward's "
+        "draft still reads those cells (#28034's accept-length loss)."
+    )
+    hazards = HAZARDS
+    plan_stream = True
+    headroom_blocks = 1
+
+    def plan_enter(self, ctx) -> None:
+        """No `plan_stream.wait_stream(schedule_stream)`: the barrier's edge is not inherited."""
+
+
+MUTANTS: dict[str, object] = {
+    mutant.name: mutant
+    for mutant in (
+        PlanNoWaitSchedule(),
+        PlanExitSelfWait(),
+        ReadDoneBeforeLastReader(),
+        ReusedReadDone(),
+        HeadroomOneBlock(),
+        SkipCopyDoneSync(),
+        BarrierDecodeOnly(),
+        WaitPreviousEvent(),
+        BarrierWrongStream(),
+        ReadDoneOnScheduleStream(),
+        RecycledRowUnfenced(),
+        LoopTopBarrier(),
+        PlanOverwritesDraftReads(),
+    )
+}
+"""The mutants by name, in the benchmark's order."""
