@@ -17,4 +17,6 @@ fi
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps -e . || export PYTHONPATH="$PWD"
 
 nvidia-smi -L
-"$PYTHON" -m pytest -n "$WORKERS" tests/cuda properties --racefuzz-backend cuda --racefuzz-report-dir .racefuzz "$@"
+# -p loads the plugin from the source tree when the install above could not run (no build backend offline).
+"$PYTHON" -m pytest -p racefuzz.pytest_plugin -n "$WORKERS" tests/cuda properties --racefuzz-backend cuda \
+    --racefuzz-report-dir .racefuzz "$@"

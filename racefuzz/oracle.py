@@ -15,6 +15,9 @@ import numpy as np
 from racefuzz.memory import INITIAL, Observations, Replay, replay_in_order
 from racefuzz.program import Launch, Program
 
+UNKNOWN = -2
+"""The writer index for a loaded value that no single launch explains."""
+
 
 def sequential_replay(program: Program, *, track_writers: bool = False) -> Replay:
     """The reference run: every launch in host issue order."""
@@ -36,7 +39,8 @@ class Corruption:
         cells: the differing cells as (row, column) pairs, row-major.
         observed: the values loaded, aligned with `cells`.
         expected: the reference values, aligned with `cells`.
-        observed_writers: the launch that stored each observed value (-1: the buffer's fill), when known.
+        observed_writers: the launch that stored each observed value (-1: the buffer's fill; -2: unknown),
+            tracked on the simulator, recovered from the values on the GPU.
         expected_writers: the launch that stored each expected value (-1: the buffer's fill).
     """
 
@@ -60,7 +64,7 @@ class Corruption:
         observed = self.observed_writers or (INITIAL,) * len(self.expected_writers)
         for got, want in zip(observed, self.expected_writers, strict=True):
             culprit = got if got > want else want
-            if culprit != INITIAL:
+            if culprit >= 0:
                 culprits.add(culprit)
         return tuple(sorted(culprits))
 
@@ -93,9 +97,14 @@ def find_corruptions(
         cells = tuple(
             (read.reads[k].row0 + int(r), read.reads[k].col0 + int(c)) for r, c in zip(rows, cols, strict=False)
         )
-        got_writers = None
+        buffer = read.reads[k].buffer
         if observed_writers is not None:
             got_writers = tuple(int(v) for v in observed_writers[index][k][rows, cols])
+        else:  # a GPU run tracks no writers: recover them from the values (slot ids are unique)
+            got_writers = tuple(
+                writer_of_value(program, buffer.id, row, col, int(value))
+                for (row, col), value in zip(cells, got[rows, cols], strict=True)
+            )
         corruptions.append(
             Corruption(
                 read,
@@ -108,6 +117,25 @@ def find_corruptions(
             )
         )
     return corruptions
+
+
+def writer_of_value(program: Program, buffer_id: int, row: int, col: int, value: int) -> int:
+    """The launch that stores `value` into cell (row, col), INITIAL if only the fill holds it, or UNKNOWN
+    when zero or several launches could have (values are then not unique, as in some litmus programs)."""
+    candidates = [
+        launch.index
+        for launch in program.launches
+        for cells, values in zip(launch.writes, launch.values, strict=True)
+        if cells.buffer.id == buffer_id
+        and cells.row0 <= row < cells.row1
+        and cells.col0 <= col < cells.col1
+        and int(values[row - cells.row0, col - cells.col0]) == value
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates and program.buffers[buffer_id].fill == value:
+        return INITIAL
+    return UNKNOWN
 
 
 def _observation(observed: Observations, index: int) -> tuple[np.ndarray, ...]:

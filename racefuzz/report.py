@@ -21,7 +21,7 @@ from pathlib import Path
 
 from racefuzz.errors import InvalidArgument, ReplayError
 from racefuzz.hb import Race
-from racefuzz.oracle import Corruption
+from racefuzz.oracle import UNKNOWN, Corruption
 from racefuzz.program import Launch
 from racefuzz.scenarios.workload import Workload
 from racefuzz.schedule import Schedule
@@ -128,13 +128,16 @@ def _cells(cells) -> str:
 
 
 def primary_race(outcome: Outcome) -> Race | None:
-    """The race the report leads with: one that explains the first corruption, else the first race."""
+    """The race the report leads with: one between the first corrupted read and the launch whose store
+    explains it, else any race of that read, else the first race."""
     if outcome.corruptions:
         corruption = outcome.corruptions[0]
-        for race in outcome.races:
-            ops = {race.first.index, race.second.index}
-            if corruption.read.index in ops and ops & set(corruption.culprits):
+        of_read = [r for r in outcome.races if corruption.read.index in (r.first.index, r.second.index)]
+        for race in of_read:
+            if {race.first.index, race.second.index} & set(corruption.culprits):
                 return race
+        if of_read:
+            return of_read[0]
     return outcome.races[0] if outcome.races else None
 
 
@@ -158,6 +161,8 @@ def _corruption_lines(corruption: Corruption, outcome: Outcome) -> list[str]:
 
 
 def _writer(ops, index: int) -> str:
+    if index == UNKNOWN:
+        return "an unidentified launch: the value is not unique"
     if index < 0:
         return "nobody: the table's initial fill"
     launch = ops[index]
