@@ -18,5 +18,9 @@ fi
 
 nvidia-smi -L
 # -p loads the plugin from the source tree when the install above could not run (no build backend offline).
-"$PYTHON" -m pytest -p racefuzz.pytest_plugin -n "$WORKERS" tests/cuda properties --racefuzz-backend cuda \
+# tests/cuda measures timing (simulator/GPU agreement, spin lengths): it runs alone, one process on the
+# GPUs. The properties judge each run by itself, so they run in parallel, one xdist worker per GPU where
+# there are several.
+"$PYTHON" -m pytest -p racefuzz.pytest_plugin -p no:xdist tests/cuda --racefuzz-report-dir .racefuzz "$@"
+"$PYTHON" -m pytest -p racefuzz.pytest_plugin -n "$WORKERS" properties --racefuzz-backend cuda \
     --racefuzz-report-dir .racefuzz "$@"

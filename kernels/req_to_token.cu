@@ -3,8 +3,11 @@
 // Access shape (the simulator assumes the same, see racefuzz/sim.py):
 //   * writers store at once, when they start (the simulator applies a launch's stores at its end, the same
 //     instant for these short writers);
-//   * readers first spin for `spin_cycles` (their injected read window), then load every cell they
+//   * readers first spin for `spin_ns` (their injected read window), then load every cell they
 //     read and copy it, unchanged, into an observation buffer.
+// Spins wait on %globaltimer, the GPU's nanosecond wall clock, not on clock64(): SM cycles change with
+// the SM clock (boost, power capping, an idle drop -- an H200 was seen at 1307 and at 1980 MHz in one
+// session), so a cycle-count spin would be 30% short or long; nanoseconds stay nanoseconds.
 // A launch touches a list of rectangles. Rectangle i is described by five ints at rects[5*i]:
 //   row0, nrows, col0, ncols, offset
 // where `offset` indexes the values (writers) or the observation buffer (readers), row-major.
@@ -12,23 +15,29 @@
 //
 // racefuzz/backends/cuda.py picks kernels by signature, so a new kernel only has to keep one of these:
 //   writer: (int* table, int ld, const int* rects, const int* values)
-//   reader: (const int* table, int ld, const int* rects, int* observed, long long spin_cycles)
+//   reader: (const int* table, int ld, const int* rects, int* observed, long long spin_ns)
 // A launch whose name is a writer (reader) here stores (loads) through it; any other name falls back to
 // rf_write_cells (rf_read_cells).
 
-#define RF_MAX_SPIN_CYCLES (1LL << 37)  // ~60 s at 2 GHz: a hard cap, far above the host-side cap
+#define RF_MAX_SPIN_NS (60LL * 1000 * 1000 * 1000)  // 60 s: a hard cap, far above the host-side cap
 
-extern "C" __device__ void rf_spin_for(long long cycles) {
-    if (cycles <= 0) return;
-    if (cycles > RF_MAX_SPIN_CYCLES) cycles = RF_MAX_SPIN_CYCLES;
-    long long start = clock64();
-    while (clock64() - start < cycles) {
+extern "C" __device__ unsigned long long rf_now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __device__ void rf_spin_for(long long ns) {
+    if (ns <= 0) return;
+    if (ns > RF_MAX_SPIN_NS) ns = RF_MAX_SPIN_NS;
+    const unsigned long long start = rf_now_ns();
+    while ((long long)(rf_now_ns() - start) < ns) {
     }
 }
 
-// A delay on a stream: one thread spins, holding the stream for `cycles`.
-extern "C" __global__ void rf_spin(long long cycles) {
-    if (threadIdx.x == 0) rf_spin_for(cycles);
+// A delay on a stream: one thread spins, holding the stream for `ns` nanoseconds.
+extern "C" __global__ void rf_spin(long long ns) {
+    if (threadIdx.x == 0) rf_spin_for(ns);
 }
 
 extern "C" __device__ void rf_store_cells(int* table, int ld, const int* rects, const int* values) {
@@ -42,8 +51,8 @@ extern "C" __device__ void rf_store_cells(int* table, int ld, const int* rects, 
 }
 
 extern "C" __device__ void rf_load_cells(const int* table, int ld, const int* rects, int* observed,
-                                         long long spin_cycles) {
-    if (threadIdx.x == 0) rf_spin_for(spin_cycles);
+                                         long long spin_ns) {
+    if (threadIdx.x == 0) rf_spin_for(spin_ns);
     __syncthreads();
     const int* r = rects + 5 * blockIdx.x;
     const int row0 = r[0], nrows = r[1], col0 = r[2], ncols = r[3], offset = r[4];
@@ -61,8 +70,8 @@ extern "C" __global__ void rf_write_cells(int* table, int ld, const int* rects, 
 }
 
 extern "C" __global__ void rf_read_cells(const int* table, int ld, const int* rects, int* observed,
-                                         long long spin_cycles) {
-    rf_load_cells(table, ld, rects, observed, spin_cycles);
+                                         long long spin_ns) {
+    rf_load_cells(table, ld, rects, observed, spin_ns);
 }
 
 // The req_to_token writers of sglang's overlap loop (same body, named for profiles and reports).
@@ -82,11 +91,11 @@ extern "C" __global__ void rewrite_live_row(int* table, int ld, const int* rects
 // The readers of forward k.
 // block_gather: DFLASH draft block gather, R[row, P:P+B].
 extern "C" __global__ void block_gather(const int* table, int ld, const int* rects, int* observed,
-                                        long long spin_cycles) {
-    rf_load_cells(table, ld, rects, observed, spin_cycles);
+                                        long long spin_ns) {
+    rf_load_cells(table, ld, rects, observed, spin_ns);
 }
 // page_table_build: draft metadata / verify load_batch page table, R[row, 0:P+B].
 extern "C" __global__ void page_table_build(const int* table, int ld, const int* rects, int* observed,
-                                            long long spin_cycles) {
-    rf_load_cells(table, ld, rects, observed, spin_cycles);
+                                            long long spin_ns) {
+    rf_load_cells(table, ld, rects, observed, spin_ns);
 }

@@ -59,7 +59,10 @@ def _retargeted(schedule: Schedule, old: Program, new: Program, timed: bool) -> 
     yield transfer(schedule, old, new)
     if not timed:
         return
-    longest = max([*schedule.device_delays.values(), *schedule.read_spins.values(), *schedule.host_delays.values()])
+    delays = [*schedule.device_delays.values(), *schedule.read_spins.values(), *schedule.host_delays.values()]
+    if not delays:  # it corrupted with no injected delay (possible on a GPU): nothing to re-aim
+        return
+    longest = max(delays)
     for race in find_races(new)[:MAX_RETARGETS]:
         if race.kind.value == "WAR":
             yield Schedule(read_spins={race.first.index: longest})

@@ -32,19 +32,16 @@ order, the device is synchronized, and the observation slots alone are copied ba
 (program, schedule) objects -- the k-of-k reproduction of a search -- reuses the staging, the device
 array (re-uploaded, which resets the tables and slots) and the argument tuples of the previous run.
 
-Delays are microseconds in the schedule but the kernels spin on `clock64()`, which counts SM cycles. The
-cycles-per-microsecond rate is measured once per process and device (`clock_calibration`, ~0.1 s): after
-a warm-up spin that lifts the SM clock out of its idle state, spins of 1 M and 10 M cycles are timed with
-CUDA events on one stream, and the rate is the median over five pairs of (long - short cycles) /
-(long - short time), which cancels the launch and event overheads. A GPU that changes its clock later
-(an idle drop, thermal throttling) stretches or shrinks the real delays by the same ratio; the
-`timeline=True` spans show the real durations.
+Delays are microseconds in the schedule; the kernels spin on `%globaltimer`, the GPU's nanosecond wall
+clock, so a delay is passed as nanoseconds and needs no calibration. (An earlier version counted
+`clock64()` SM cycles against a per-process calibration; on an H200 whose SM clock moved between 1307
+and 1980 MHz within one session, its spins came out 30% short and flipped delay-dominated verdicts.)
+The `timeline=True` spans show the real durations.
 """
 
 from __future__ import annotations
 
 import re
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -194,7 +191,7 @@ class KernelCatalog:
     """The `__global__` kernels of the source, by role, as told by their parameter lists.
 
     Writers take `(int* table, int ld, const int* rects, const int* values)`; readers take
-    `(const int* table, int ld, const int* rects, int* observed, long long spin_cycles)`.
+    `(const int* table, int ld, const int* rects, int* observed, long long spin_ns)`.
     """
 
     writers: frozenset[str]
@@ -399,25 +396,18 @@ def busy_wait_us(us: float) -> None:
         pass
 
 
-# -- the per-process runtime: compiled kernels and the clock calibration -----------------------------------
+# -- the per-process runtime: compiled kernels -----------------------------------
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The SM clock as `clock64()` sees it: `cycles_per_us` (median) and every measured sample."""
-
-    cycles_per_us: float
-    samples: tuple[float, ...]
-
-    def cycles(self, us: float) -> int:
-        return round(us * self.cycles_per_us)
+def _ns(us: float) -> np.int64:
+    """A delay in microseconds as the kernels' spin argument: nanoseconds of %globaltimer."""
+    return np.int64(round(us * 1000.0))
 
 
 @dataclass
 class _Runtime:
     catalog: KernelCatalog
     kernels: dict[str, Any]
-    calibration: Calibration
 
 
 _runtimes: dict[int, _Runtime] = {}
@@ -434,34 +424,6 @@ def _compile(cupy: Any, source: str, names: Sequence[str]) -> dict[str, Any]:
         raise BackendUnavailable(f"NVRTC could not compile {KERNEL_FILE}: {_one_line(exc)}") from None
     except cupy.cuda.driver.CUDADriverError as exc:
         raise BackendUnavailable(f"the CUDA driver could not load {KERNEL_FILE}: {_one_line(exc)}") from None
-
-
-def _calibrate(torch: Any, cupy: Any, spin: Any, device: int) -> Calibration:
-    """Measure clock64 cycles per microsecond on `device` (see the module docstring)."""
-    stream = torch.cuda.Stream()
-    ext = _external_stream(cupy, stream.cuda_stream, device)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def timed_us(cycles: int) -> float:
-        begin.record(stream)
-        spin((1,), (1,), (np.int64(cycles),), stream=ext)
-        end.record(stream)
-        end.synchronize()
-        return begin.elapsed_time(end) * 1000.0
-
-    timed_us(1_000_000)  # first launch: module load, lazy context work
-    timed_us(40_000_000)  # ~20 ms at 2 GHz (~0.1 s if idle-clocked): lets the SM clock ramp up
-    # ~0.5 ms and ~5 ms at 2 GHz: the range of the delays schedules use, long enough that the timing
-    # events' microsecond-scale jitter stays far below 1% of the difference.
-    short, long = 1_000_000, 10_000_000
-    samples = []
-    for _ in range(5):
-        t_short, t_long = timed_us(short), timed_us(long)
-        if t_long > t_short:
-            samples.append((long - short) / (t_long - t_short))
-    if not samples:
-        raise BackendUnavailable("could not calibrate the SM clock: spin timings did not grow with the spin")
-    return Calibration(statistics.median(samples), tuple(samples))
 
 
 _external: dict[tuple[int, int], Any] = {}
@@ -484,22 +446,15 @@ def _external_stream(cupy: Any, handle: int, device: int) -> Any:
 
 
 def _runtime(torch: Any, cupy: Any, device: int) -> _Runtime:
-    """Compile and calibrate once per process and device; the caller has made `device` current."""
+    """Compile once per process and device; the caller has made `device` current."""
     runtime = _runtimes.get(device)
     if runtime is None:
         source = kernel_source(KERNEL_FILE)
         catalog = kernel_catalog(source)
         kernels = _compile(cupy, source, catalog.names)
-        runtime = _Runtime(catalog, kernels, _calibrate(torch, cupy, kernels[catalog.spin], device))
+        runtime = _Runtime(catalog, kernels)
         _runtimes[device] = runtime
     return runtime
-
-
-def clock_calibration(device: int = 0) -> Calibration:
-    """The clock calibration `execute` uses on `device` (compiles and measures on first use)."""
-    torch, cupy = _require(device)
-    with torch.cuda.device(device):
-        return _runtime(torch, cupy, device).calibration
 
 
 # -- execution ---------------------------------------------------------------------------------------------
@@ -564,7 +519,7 @@ def _bind_memory(
     values_arg = np.uint64(staged_ptr)
     observed_arg = np.uint64(staged_ptr + 4 * staging.observed_base)
     no_spin = np.int64(0)
-    kernels, calibration = runtime.kernels, runtime.calibration
+    kernels = runtime.kernels
     launch_calls: dict[int, list[KernelCall]] = {}
     for index, calls in staging.calls.items():
         bound = []
@@ -572,15 +527,15 @@ def _bind_memory(
             table, ld = tables_arg[call.buffer]
             rects = np.uint64(staged_ptr + 4 * call.rects_at)
             if call.reads:
-                spin = np.int64(calibration.cycles(call.spin_us)) if call.spin_us else no_spin
+                spin = _ns(call.spin_us) if call.spin_us else no_spin
                 args: tuple[Any, ...] = (table, ld, rects, observed_arg, spin)
             else:
                 args = (table, ld, rects, values_arg)
             bound.append((kernels[call.kernel], (call.count,), args))
         launch_calls[index] = bound
-    spins = {index: (np.int64(calibration.cycles(us)),) for index, us in schedule.device_delays.items()}
+    spins = {index: (_ns(us),) for index, us in schedule.device_delays.items()}
     costs = {
-        launch.index: (np.int64(calibration.cycles(launch.cost_us)),)
+        launch.index: (_ns(launch.cost_us),)
         for launch in program.launches
         if launch.cost_us  # None (the backend's default: the kernel's own time) or 0: no spin
     }

@@ -14,7 +14,7 @@ other, or a delay can end next to the sum of a few dozen launch costs, and then 
 models only roughly decide the order. So a schedule counts as delay-dominated only when the simulator
 gives the same verdict at every corner of a box of cost models that contains the GPU's real costs:
 per-op host issue cost 2..20 us, kernel cost 2..15 us, spins (device delays and read spins) x0.97..x1.08
-(`clock64` calibration error, and the ~6% slower clock right after the GPU idled), forward compute
+(kept from when spins counted `clock64` cycles; on `%globaltimer` they are within ~1%), forward compute
 x0.75..x1.25. Schedules whose verdict flips inside the box are near ties: they are run and reported too
 (their agreement rate, every mismatch), but no rate is asserted on them, since by construction the
 simulator cannot know their outcome.
