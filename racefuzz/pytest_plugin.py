@@ -224,3 +224,26 @@ def racefuzz_backend(racefuzz_config) -> str:
         return racefuzz_config.resolved_backend
     except RacefuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _racefuzz_worker_log() -> None:
+    """Diagnostics: with RACEFUZZ_WORKER_LOG=FILE, every test process appends which GPU it runs on (its
+    xdist worker id, CUDA_VISIBLE_DEVICES, device 0's name and UUID) -- evidence of the GPU pinning."""
+    log = os.environ.get("RACEFUZZ_WORKER_LOG")
+    if not log:
+        return
+    device = "no CUDA device"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            device = f"{props.name} {getattr(props, 'uuid', '')}"
+    except ImportError:
+        pass
+    with open(log, "a") as handle:
+        handle.write(
+            f"worker {os.environ.get('PYTEST_XDIST_WORKER', 'main')}: "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}, device 0 is {device}\n"
+        )

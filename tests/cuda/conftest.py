@@ -28,21 +28,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}"))
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _log_worker_gpu() -> None:
-    """With RACEFUZZ_WORKER_LOG set, each (xdist) worker appends which GPU it runs on: evidence for the
-    plugin's pinning of worker gwN to GPU N mod count."""
-    import os
-
-    log = os.environ.get("RACEFUZZ_WORKER_LOG")
-    if not log or cuda_unavailable_reason() is not None:
-        return
-    import torch
-
-    props = torch.cuda.get_device_properties(0)
-    with open(log, "a") as handle:
-        handle.write(
-            f"worker {os.environ.get('PYTEST_XDIST_WORKER', 'main')}: CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES')}, device 0 is {props.name} {getattr(props, 'uuid', '')}\n"
-        )
