@@ -70,15 +70,15 @@ def _retargeted(schedule: Schedule, old: Program, new: Program, timed: bool) -> 
             yield Schedule(device_delays={race.first.index: longest})
 
 
-def _schedule_candidates(schedule: Schedule) -> Iterator[Schedule]:
+def _schedule_candidates(schedule: Schedule, floor_us: float) -> Iterator[Schedule]:
     parts = ("device_delays", "read_spins", "host_delays")
     for part in parts:
         for index in getattr(schedule, part):
             yield replace(schedule, **{part: {k: v for k, v in getattr(schedule, part).items() if k != index}})
     for part in parts:
         for index, us in getattr(schedule, part).items():
-            if us > MIN_DELAY_US:
-                shorter = max(MIN_DELAY_US, round(us / 2 / MIN_DELAY_US) * MIN_DELAY_US)
+            if us > floor_us:
+                shorter = max(floor_us, round(us / 2 / MIN_DELAY_US) * MIN_DELAY_US)
                 yield replace(schedule, **{part: {**getattr(schedule, part), index: shorter}})
 
 
@@ -124,11 +124,13 @@ def minimize(
     *,
     repeat: int = 1,
     budget: int = 400,
+    min_delay_us: float = MIN_DELAY_US,
 ) -> tuple[Workload, Schedule]:
     """The simplest (workload, schedule) found that still fails like the given one.
 
     With `run`, failing means a manifested corruption in all `repeat` runs; without it, an unordered
     conflicting pair or a scenario invariant violation (the schedule is then irrelevant and is dropped).
+    Delays are never shortened below `min_delay_us`.
     At most `budget` candidates run.
     """
     tries = [0]
@@ -150,7 +152,7 @@ def minimize(
     improved = True
     while improved and tries[0] < budget:
         improved = False
-        for candidate in _schedule_candidates(schedule) if run is not None else ():
+        for candidate in _schedule_candidates(schedule, min_delay_us) if run is not None else ():
             if tries[0] >= budget:
                 break
             if fails(workload, candidate):
