@@ -118,8 +118,8 @@ class HeadroomOneBlock(_WarAfterLaunch):
 class SkipCopyDoneSync(_WarAfterLaunch):
     name = "mutant-skip-copy-done"
     description = (
-        "Result processing skips `copy_done.synchronize()` (batch_result_processor.py), so the host runs "
-        "on with two or more forwards in flight (model section 2.1's in-flight window)."
+        "Result processing skips `copy_done.synchronize()` (batch_result_processor.py:187), so the host runs "
+        "on with two or more forwards in flight (no sglang PR of its own: the mutant of model section 7.2)."
     )
     equivalent = (
         "No schedule can make it race on req_to_token: every schedule-stream write issued in iteration k is "

@@ -1,0 +1,85 @@
+"""The mutant catalogue itself: every mutant loads by name, says what it breaks, plants its bug where the
+model says (so that it is killable), and the scenario extension it needs changes nothing by default."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+
+from racefuzz.cli import EXIT_RACE, main
+from racefuzz.designs import BUILTIN, load_design, mutant_designs
+from racefuzz.hb import find_races
+from racefuzz.program import EventSync
+from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.strategies import ALL_HAZARDS, HAZARDS, workloads
+
+PAGED = Workload(requests=(RequestSpec(0, 4, 64, (2, 2)),), iterations=4, plan_stream=True, page_size=2)
+
+
+def races(workload: Workload, design: str) -> set[tuple[str, str, str]]:
+    program = build_program(workload, load_design(design).hooks)
+    return {(race.kind.value, race.first.kernel, race.second.kernel) for race in find_races(program)}
+
+
+def test_at_least_twelve_mutants_each_named_described_and_loadable() -> None:
+    catalogue = mutant_designs()
+    assert len(catalogue) >= 12
+    for name, mutant in catalogue.items():
+        design = load_design(name)
+        assert name.startswith("mutant-") and name not in BUILTIN and design.hooks is mutant
+        cites = "#" in design.description or "section 7.2" in design.description
+        assert cites, f"{name}: the description names no sglang PR/issue (or the model's mutant list)"
+        assert set(mutant.hazards) <= set(ALL_HAZARDS) and mutant.base in BUILTIN
+
+
+def test_a_mutant_runs_from_the_command_line(tmp_path, capsys) -> None:
+    argv = ["run", "--backend", "sim", "--design", "mutant-barrier-wrong-stream", "--examples", "200", "--quiet"]
+    assert main([*argv, "--no-control", "--report-dir", str(tmp_path)]) == EXIT_RACE
+    assert "mutant-barrier-wrong-stream" in capsys.readouterr().out
+
+
+def test_page_size_one_reads_nothing_new() -> None:
+    # The opt-in get_last_loc read exists only with page_size > 1: default programs are what they were.
+    default = build_program(replace(PAGED, page_size=1), load_design("war-after-launch").hooks)
+    assert not any(op.kernel == "get_last_loc" for op in default.launches)
+    paged = build_program(PAGED, load_design("war-after-launch").hooks)
+    (first, *_) = [op for op in paged.launches if op.kernel == "get_last_loc"]
+    assert first.stream.name == "plan_stream" and str(first.reads[0]) == "req_to_token[1, 3:4]"  # R[row, cur_alloc-1]
+
+
+def test_get_last_loc_races_the_prefill_only_without_the_plan_entry_wait() -> None:
+    for design in (*BUILTIN, "mutant-skip-copy-done"):
+        assert races(PAGED, design) == set(), design
+    assert ("RAW", "prefill_write", "get_last_loc") in races(PAGED, "mutant-plan-no-wait-schedule")
+    # Without the paged read the same mutant is equivalent on this workload: over-allocation is column-disjoint.
+    assert races(replace(PAGED, page_size=1), "mutant-plan-no-wait-schedule") == set()
+
+
+def test_plan_exit_self_wait_leaves_the_forward_unordered_after_the_over_allocation() -> None:
+    found = races(replace(PAGED, page_size=1), "mutant-plan-exit-self-wait")
+    assert ("RAW", "overalloc_write", "block_gather") in found
+
+
+def test_read_done_early_races_only_the_reader_after_the_event() -> None:
+    workload = Workload(requests=(RequestSpec(0, 4, 64, (1, 1, 1), rewrite_at=(0,)),), iterations=4)
+    found = races(workload, "mutant-read-done-early")
+    assert ("WAR", "verify_page_table", "post_launch_rewrite") in found
+    assert ("WAR", "draft_metadata", "post_launch_rewrite") not in found  # read before read_done: fenced
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=ALL_HAZARDS))
+def test_skipping_copy_done_only_drops_host_syncs_and_adds_no_race(workload: Workload) -> None:
+    # The equivalence claim of `mutant-skip-copy-done`: same launches, no copy_done syncs, no race.
+    base = build_program(workload, load_design("war-after-launch").hooks)
+    mutant = build_program(workload, load_design("mutant-skip-copy-done").hooks)
+    assert [op.kernel for op in base.launches] == [op.kernel for op in mutant.launches]
+    assert not any(isinstance(op, EventSync) for op in mutant.ops)
+    assert find_races(mutant) == []
+
+
+def test_default_hazards_are_unchanged() -> None:
+    assert HAZARDS == ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
+    assert (*HAZARDS, "paged-get-last-loc") == ALL_HAZARDS
