@@ -337,6 +337,8 @@ class OverlapLoop:
             if not ctx.is_decode:
                 if r.prefilled:
                     r.gpu_prefix = r.committed_host = r.cur_alloc = r.spec.prompt_len
+                    if not r.spec.accepts:  # max_new_tokens=1: the prefill forward was its last
+                        r.final_forward = ctx.iteration
                 continue
             steps[r.rid] = r.steps
             if r.steps < len(r.spec.accepts):  # else over-scheduled: finished, not yet known to the host

@@ -21,7 +21,8 @@ class RequestSpec:
         prompt_len: tokens to prefill (>= 1).
         chunk: chunked-prefill chunk size; a prompt longer than it prefills over several iterations.
         accepts: the DFLASH accept length of each of its decode forwards, each in [1, block_size]; it
-            finishes after the last one (and is still in the next, over-scheduled forward).
+            finishes after the last one (and is still in the next, over-scheduled forward). Empty: it
+            finishes at its prefill (max_new_tokens=1), still over-scheduled in the next decode forward.
         rewrite_at: decode steps (0-based) after whose forward the result processing rewrites this
             request's cached prefix (radix `cache_unfinished_req`) while the next forward is in flight.
     """
@@ -79,7 +80,7 @@ class Workload:
         for i, r in enumerate(self.requests):
             if r.arrival < 0 or r.prompt_len < 1 or r.chunk < 1:
                 raise InvalidArgument(f"workload: request {i} needs arrival >= 0, prompt_len >= 1, chunk >= 1")
-            if not r.accepts or any(not 1 <= a <= self.block_size for a in r.accepts):
+            if any(not 1 <= a <= self.block_size for a in r.accepts):
                 raise InvalidArgument(
                     f"workload: request {i} accept lengths must be in [1, {self.block_size}], got {r.accepts}"
                 )

@@ -127,3 +127,14 @@ def test_reads_beyond_the_allocation_are_a_violation_not_a_race() -> None:
     assert program.violations and "beyond its allocation" in program.violations[0]
     assert find_races(program) == []
     assert build_program(workload, load_design("global-war").hooks).violations == ()
+
+
+def test_a_request_can_finish_at_its_prefill_and_its_row_is_recycled_a_step_earlier() -> None:
+    # max_new_tokens=1: the prefill forward is the request's last; it is still over-scheduled in the next
+    # (decode) forward, freed during that iteration, and its row is re-prefilled one iteration later.
+    workload = Workload(requests=(RequestSpec(0, 4, 64, ()), RequestSpec(2, 4, 64, (1,))), iterations=3, rows=1)
+    program = build_program(workload, load_design("none").hooks)
+    prefills = [op for op in program.launches if op.kernel == "prefill_write"]
+    assert prefills[-1].info["iteration"] == 2 and prefills[-1].info["recycled_rows"] == [1]
+    assert ("WAR", "verify_page_table", "prefill_write") in races(workload, "none")
+    assert races(workload, "global-war") == set()
