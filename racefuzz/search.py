@@ -181,7 +181,7 @@ def search(
     rate and the search goes on. Shrinking applies the same rule to every candidate, so it cannot turn a
     k/k failure into a flaky one. Use k > 1 on the GPU; the simulator is deterministic.
 
-    `min_delay_us` is added to every random delay (default: GPU_MIN_DELAY_US on `cuda`, 0 on `sim`). On
+    `min_delay_us` is added to every random or PCT delay (default: GPU_MIN_DELAY_US on `cuda`, 0 on `sim`). On
     the GPU a counterexample must stay delay-dominated: shrunk to a 40 us spin, a race sits on the edge of
     the real launch costs and reproduces 3 or 4 times in 5 (seen on an H200). The finished counterexample
     is re-checked k/k in fresh runs; if it no longer reproduces, the least-shrunk failure that does is
@@ -305,7 +305,9 @@ def _schedule_source(
 ) -> tuple[st.SearchStrategy[bytes], Callable[[bytes, Program], Schedule]]:
     """The byte strategy a delay strategy draws from, and its decoder onto a program."""
     if strategy == "pct":
-        return pct_bytes(pct_depth), lambda data, program: decode_pct_schedule(data, program, depth=pct_depth)
+        return pct_bytes(pct_depth), lambda data, program: decode_pct_schedule(
+            data, program, depth=pct_depth, min_delay_us=min_delay_us
+        )
     if strategy == "none":
         return st.just(b""), lambda data, program: NO_DELAYS
     return schedule_bytes(max_delays), lambda data, program: decode_schedule(data, program, min_delay_us=min_delay_us)

@@ -48,7 +48,7 @@ from racefuzz.backend import Executor, executor
 from racefuzz.designs import load_design, mutant_designs
 from racefuzz.minimize import minimize
 from racefuzz.report import primary_race
-from racefuzz.search import SearchResult, search
+from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, _reproduces, judge, search
 from racefuzz.strategies import ALL_HAZARDS, OPT_IN_HAZARDS, PRE_LAUNCH_HAZARDS
 
 CLEAN = (
@@ -81,7 +81,7 @@ SETTINGS: dict[str, dict[str, int]] = {
         "false_alarm_pct": 500,
         "repeat": 5,
         "minimize_budget": 60,
-        "csan_examples": 25,
+        "csan_examples": 12,
     },
 }
 
@@ -114,8 +114,16 @@ def _environment(backend: str) -> dict[str, Any]:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False
         )
         env["commit"] = commit.stdout.strip() or None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        env["tree_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
-        env["commit"] = None
+        env["commit"] = env["tree_dirty"] = None
     if backend == "cuda":
         import cupy
         import torch
@@ -173,6 +181,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
     assert c is not None
     start = time.perf_counter()
     workload, schedule = c.workload, c.schedule
+    reproduced: bool | None = None
     if backend != "sim":
         timed = c.oracle == "corruption"
         workload, schedule = minimize(
@@ -182,12 +191,16 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
             run if timed else None,
             repeat=settings["repeat"],
             budget=settings["minimize_budget"],
+            min_delay_us=GPU_MIN_DELAY_US,  # as `search` floors GPU delays: a shorter spin is a coin toss
         )
+        if timed:
+            # As `search` does: keep the minimized form only if it reproduces k/k in fresh runs.
+            reproduced = _reproduces(judge(workload, design, schedule, run), run, settings["repeat"])
+            if not reproduced:
+                workload, schedule = c.workload, c.schedule
         seconds = time.perf_counter() - start
     else:
         seconds = result.seconds - (result.first_detection_seconds or 0.0)
-    from racefuzz.search import judge
-
     outcome = judge(workload, design, None, None)
     race = primary_race(c) if backend == "sim" else (outcome.races[0] if outcome.races else None)
     return {
@@ -195,6 +208,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
         "iterations": workload.iterations,
         "nonzero_delays": schedule.nonzero_delays,
         "shrink_seconds": _round(seconds, 3),
+        "minimized_reproduced_k_of_k": reproduced,
         "race": None
         if race is None
         else f"{race.kind} {race.first.kernel} ({race.first.stream}) -> {race.second.kernel} ({race.second.stream})",
@@ -311,20 +325,23 @@ def run(
         started = time.perf_counter()
         rows.append(_bench_mutant(name, run_program, backend, chosen))
         say(f"{name}: caught={rows[-1]['caught']} oracle={rows[-1]['oracle']} ({time.perf_counter() - started:.1f} s)")
+    started = time.perf_counter()
+    false_alarms = _false_alarms(run_program, backend, chosen)
+    say(f"false alarms: {time.perf_counter() - started:.1f} s")
     if backend == "cuda" and csan and chosen["csan_examples"] > 0:
+        # Last, in a child process with its own time limit: a CSAN failure cannot cost the figures above.
+        started = time.perf_counter()
         csan_results = _csan_in_child(rows, chosen["csan_examples"])
         for row in rows:
             row["baselines"]["csan"] = csan_results.get(row["name"], csan_results.get("error", {"status": "no result"}))
         environment["csan_controls"] = csan_results.get("controls")
-    started = time.perf_counter()
-    false_alarms = _false_alarms(run_program, backend, chosen)
-    say(f"false alarms: {time.perf_counter() - started:.1f} s")
+        say(f"CSAN: {time.perf_counter() - started:.1f} s")
     killable = [r for r in rows if not r["equivalent"]]
     caught = [r for r in killable if r["caught"]]
     return {
         "benchmark": "mutants",
         "backend": backend,
-        "command": f"racefuzz bench mutants --backend {backend} --json PATH",
+        "command": f"PYTHONPATH=. python3 -m racefuzz.cli bench mutants --backend {backend} --json PATH",
         "environment": environment,
         "settings": chosen,
         "mutants": rows,
@@ -355,7 +372,7 @@ def _warm_up(run_program: Executor) -> None:
 # -- CSAN: the same programs as torch ops under torch.cuda._sanitizer, in a child process -----------------
 
 
-def _csan_in_child(rows: list[dict[str, Any]], examples: int, timeout_s: float = 150.0) -> dict[str, Any]:
+def _csan_in_child(rows: list[dict[str, Any]], examples: int, timeout_s: float = 60.0) -> dict[str, Any]:
     """Run `_csan_worker` in a fresh interpreter (CSAN stays enabled for the life of a process and would
     see every later torch call of this one). Never raises: a failure becomes the rows' CSAN status."""
     request = {
@@ -534,9 +551,11 @@ def _cell_csan(csan: dict[str, Any]) -> str:
 def render(results: dict[str, Any]) -> str:
     env = results["environment"]
     s = results["settings"]
+    dirty = ", tree with uncommitted changes" if env.get("tree_dirty") else ""
     lines = [
+        f"# {results['command']}",
         f"racefuzz mutant benchmark  {env['date']}  backend {results['backend']}  racefuzz {env['racefuzz']}"
-        f" (commit {env.get('commit')})  python {env['python']}  hypothesis {env.get('hypothesis')}",
+        f" (commit {env.get('commit')}{dirty})  python {env['python']}  hypothesis {env.get('hypothesis')}",
         f"machine: {env['machine']}, {env['cpu']}, {env['cpus']} CPUs"
         + (f"; GPU {env['device']}, torch {env['torch']}, cupy {env['cupy']}" if "device" in env else ""),
         f"budget: {s['examples']} examples per search (stops at the first manifested corruption), seed 0; "
