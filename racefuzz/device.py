@@ -216,9 +216,10 @@ class Device:
         return event
 
     def _own_range(self, cells: object, kernel: str) -> CellRange:
-        if not isinstance(cells, CellRange):
+        if type(cells) is not CellRange:
             raise InvalidProgram(f"launch {kernel!r}: {cells!r} is not a cell range (index a buffer: buf[row, c0:c1])")
-        if cells.buffer.id >= len(self._buffers) or self._buffers[cells.buffer.id] is not cells.buffer:
+        buffer = cells.buffer
+        if buffer.id >= len(self._buffers) or self._buffers[buffer.id] is not buffer:
             raise InvalidProgram(f"launch {kernel!r}: {cells} is a range of a buffer of another device")
         return cells
 
@@ -233,29 +234,31 @@ class Device:
     ) -> None:
         self._check_live(stream)
         stream = self._own_stream(stream, "launch")
-        read_ranges = tuple(self._own_range(cells, kernel) for cells in reads)
+        own_range = self._own_range
+        read_ranges = tuple([own_range(cells, kernel) for cells in reads])
         write_ranges: list[CellRange] = []
         values: list[np.ndarray] = []
         for item in writes:
-            if not isinstance(item, tuple) or len(item) != 2:
+            if type(item) is not tuple or len(item) != 2:
                 raise InvalidProgram(f"launch {kernel!r}: each write is a (cells, values) pair, got {item!r}")
-            cells = self._own_range(item[0], kernel)
+            cells = own_range(item[0], kernel)
             write_ranges.append(cells)
             values.append(_as_values(item[1], cells, kernel))
         if not read_ranges and not write_ranges:
             raise InvalidProgram(f"launch {kernel!r}: a kernel must read or write at least one cell range")
         if cost_us is not None and not cost_us >= 0:
             raise InvalidProgram(f"launch {kernel!r}: cost_us must be >= 0, got {cost_us!r}")
-        self._append(
+        ops = self._ops
+        ops.append(
             Launch(
-                len(self._ops),
+                len(ops),
                 stream.stream,
                 kernel,
                 read_ranges,
                 tuple(write_ranges),
                 tuple(values),
                 None if cost_us is None else float(cost_us),
-                dict(info or {}),
+                dict(info) if info else {},
             )
         )
 
@@ -263,6 +266,8 @@ class Device:
 def _as_values(values: WriteValues, cells: CellRange, kernel: str) -> np.ndarray:
     if isinstance(values, (int, np.integer)) and not isinstance(values, bool):
         array = np.full(cells.shape, int(values), dtype=np.int32)
+    elif type(values) is np.ndarray and values.dtype == np.int32 and values.size == cells.size:
+        array = values.reshape(cells.shape).copy()  # the common case (scenarios pass int32 slot arrays)
     else:
         array = np.asarray(values)
         if array.dtype.kind not in "iu":
