@@ -121,7 +121,7 @@ def _environment(backend: str) -> dict[str, Any]:
             timeout=5,
             check=False,
         )
-        env["tree_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+        env["tree_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 and env["commit"] else None
     except (OSError, subprocess.SubprocessError):
         env["commit"] = env["tree_dirty"] = None
     if backend == "cuda":

@@ -41,11 +41,16 @@ single delay (5.1 ms), because PCT spins every launch of the lowest stream, not 
 _MAX_STREAMS = 8
 
 
-def pct_bytes(depth: int = DEFAULT_DEPTH) -> st.SearchStrategy[bytes]:
-    """The fixed-length byte string `decode_pct_schedule` reads: L, the priority shuffle, the change points."""
+def pct_byte_length(depth: int = DEFAULT_DEPTH) -> int:
+    """How many bytes `decode_pct_schedule` reads: L, the priority shuffle, two per change point."""
     if depth < 1:
         raise InvalidArgument(f"pct: depth must be >= 1, got {depth}")
-    size = 1 + (_MAX_STREAMS - 1) + 2 * (depth - 1)
+    return 1 + (_MAX_STREAMS - 1) + 2 * (depth - 1)
+
+
+def pct_bytes(depth: int = DEFAULT_DEPTH) -> st.SearchStrategy[bytes]:
+    """The fixed-length byte string `decode_pct_schedule` reads."""
+    size = pct_byte_length(depth)
     return st.binary(min_size=size, max_size=size)
 
 
@@ -57,9 +62,7 @@ def decode_pct_schedule(
     Contract: delays go only on launches (as `racefuzz.strategies.decode_schedule`'s do), so designs that
     add sync ops but no launches share a schedule; every delay is in [20, 640] us plus `min_delay_us`.
     """
-    if depth < 1:
-        raise InvalidArgument(f"pct: depth must be >= 1, got {depth}")
-    size = 1 + (_MAX_STREAMS - 1) + 2 * (depth - 1)
+    size = pct_byte_length(depth)
     data = data.ljust(size, b"\0")
     launches = program.launches
     if not launches:

@@ -11,15 +11,11 @@ from racefuzz.designs import load_design
 from racefuzz.errors import InvalidArgument
 from racefuzz.scenarios.sglang import build_program
 from racefuzz.scenarios.workload import RequestSpec, Workload
-from racefuzz.schedulers.pct import SPIN_STEP_US, decode_pct_schedule, pct_bytes
+from racefuzz.schedulers.pct import SPIN_STEP_US, decode_pct_schedule, pct_byte_length
 from racefuzz.search import search
 
 WORKLOAD = Workload(requests=(RequestSpec(0, 4, 64, (1, 2), rewrite_at=(0,)),), iterations=5, plan_stream=True)
 PROGRAM = build_program(WORKLOAD, load_design("war-after-launch").hooks)
-
-
-def _size(depth: int) -> int:
-    return pct_bytes(depth).example().__len__()
 
 
 def test_depth_one_delays_every_launch_of_exactly_one_stream() -> None:
@@ -36,7 +32,7 @@ def test_depth_one_delays_every_launch_of_exactly_one_stream() -> None:
 
 
 def test_a_change_point_moves_the_delays_to_the_stream_that_was_running() -> None:
-    zero = decode_pct_schedule(bytes(_size(1)), PROGRAM, depth=1)
+    zero = decode_pct_schedule(bytes(pct_byte_length(1)), PROGRAM, depth=1)
     lowest = {PROGRAM.ops[i].stream.name for i in zero.device_delays}
     launches = PROGRAM.launches
     at = next(k for k, op in enumerate(launches) if op.stream.name not in lowest and k > 0)
