@@ -39,11 +39,12 @@ def resolve_backend(name: str) -> str:
 def executor(name: str) -> Executor:
     """The function that runs a program under a schedule on backend `name` (`sim` or `cuda`).
 
-    Neither tracks which launch stored each loaded value (`Execution.writers` is None): on the simulator
-    `explain` re-runs a counterexample with tracking, which is deterministic.
+    Neither tracks which launch stored each loaded value (`Execution.writers` is None) nor records a
+    timeline: on the simulator `explain` and the timeline writer re-run a counterexample with them, which
+    is deterministic.
     """
     if name == "sim":
-        return simulate
+        return lambda program, schedule: simulate(program, schedule, record_timeline=False)
     if name == "cuda":
         from racefuzz.backends import cuda
 
