@@ -20,6 +20,7 @@ workload on that oracle alone, so every race found comes back minimal.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -222,6 +223,8 @@ def search(
         corruptions = find_corruptions(program, execution.observations, execution.writers)
         if not shrinking[0]:
             counts["examples"] += 1
+            if counts["examples"] % COLLECT_EVERY == 0:
+                gc.collect()
             if on_example is not None:
                 on_example(counts["examples"])
         if corruptions and repeat > 1:
@@ -249,7 +252,7 @@ def search(
             first.setdefault("example", counts["examples"])
             first.setdefault("seconds", time.perf_counter() - start)
 
-    with contextlib.suppress(_Manifested):
+    with _fewer_collections(), contextlib.suppress(_Manifested):
         manifest()
     counterexample = None
     if last_failure:
@@ -286,6 +289,28 @@ def search(
         first_manifested_example=int(first["manifested_example"]) if "manifested_example" in first else None,
         first_manifested_seconds=first.get("manifested_seconds"),
     )
+
+
+@contextlib.contextmanager
+def _fewer_collections():
+    """Pause the cyclic garbage collector while searching (the search collects every COLLECT_EVERY
+    examples itself), restoring it after.
+
+    Every example allocates thousands of short-lived IR tuples and arrays, which reference counting frees;
+    the cyclic collector still ran every few hundred allocations and cost ~25% of a simulator search
+    (measured on one core: 360 -> 456 examples/s with it off). Collecting explicitly now and then keeps
+    memory bounded for the few cycles (Hypothesis' own bookkeeping).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+COLLECT_EVERY = 2000
 
 
 GPU_MIN_DELAY_US = 300.0
