@@ -47,18 +47,19 @@ def _non_negative_int(text: str) -> int:
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
-    from racefuzz.strategies import HAZARDS
+    from racefuzz.strategies import ALL_HAZARDS
 
     names = tuple(h.strip() for h in text.split(",") if h.strip())
-    unknown = [h for h in names if h not in HAZARDS]
+    unknown = [h for h in names if h not in ALL_HAZARDS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(HAZARDS)}")
+        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(ALL_HAZARDS)}")
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     from racefuzz.backend import BACKENDS
     from racefuzz.report import DEFAULT_REPORT_DIR
+    from racefuzz.search import STRATEGIES
     from racefuzz.strategies import HAZARDS
 
     parser = _Parser(prog="racefuzz", description="Fuzz CUDA stream-ordering races (WAR on req_to_token).")
@@ -86,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--examples", type=_positive_int, default=2000, help="examples to try (default 2000)")
     run.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
     run.add_argument("--max-delays", type=_non_negative_int, default=4, help="delays per schedule (default 4)")
+    run.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="random",
+        help="delay strategy: random (default), pct (PCT-style stream priorities), none",
+    )
     run.add_argument(
         "--repeat",
         type=_positive_int,
@@ -138,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", type=Path, help="write the results here")
     compare.add_argument("--plot", type=Path, help="write a PNG: cost bars and one timeline per design")
 
-    commands.add_parser("designs", help="list the built-in designs")
+    designs = commands.add_parser("designs", help="list the built-in designs")
+    designs.add_argument("--mutants", action="store_true", help="list the deliberately broken designs instead")
 
     replay = commands.add_parser("replay", help="re-run a replay file and print its report")
     replay.add_argument("file", type=Path)
@@ -172,9 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare_command(args)
         if args.command == "designs":
             from racefuzz.designs import BUILTIN, describe
+            from racefuzz.designs.mutants import MUTANTS
 
-            width = max(map(len, BUILTIN))
-            for name, design in BUILTIN.items():
+            listed = MUTANTS if args.mutants else BUILTIN
+            width = max(map(len, listed))
+            for name, design in listed.items():
                 print(f"{name:{width}}  {describe(design)}")
             return EXIT_CLEAN
         if args.command == "replay":

@@ -107,6 +107,8 @@ def _workload_candidates(w: Workload) -> Iterator[Workload]:
             yield replace(w, requests=rest, rows=min(w.rows, len(rest)))
     if w.plan_stream:
         yield replace(w, plan_stream=False)
+    if w.page_size > 1:
+        yield replace(w, page_size=1)
     if w.rows > 1:
         yield replace(w, rows=w.rows - 1)
     for i, r in enumerate(w.requests):

@@ -223,7 +223,9 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     delays += [f"host delay {v:g} us before {at(k)}" for k, v in s.host_delays.items()]
     lines.append(
         f"  counterexample: {len(w.requests)} request(s), {w.iterations} iteration(s), B={w.block_size}, "
-        f"{w.rows} row(s), plan stream {'on' if w.plan_stream else 'off'}; {s.nonzero_delays} non-zero delay(s)"
+        f"{w.rows} row(s), plan stream {'on' if w.plan_stream else 'off'}"
+        + (f", page size {w.page_size}" if w.page_size > 1 else "")
+        + f"; {s.nonzero_delays} non-zero delay(s)"
         + (f": {'; '.join(delays)}" if delays else "")
     )
     if replay_path is not None:

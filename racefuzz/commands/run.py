@@ -36,6 +36,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
             max_delays=args.max_delays,
             shrink=shrink,
             repeat=args.repeat or (5 if backend == "cuda" else 1),
+            strategy=args.strategy,
             on_example=(lambda n: bar.update(1)) if bar is not None else None,
         )
 

@@ -128,3 +128,32 @@ def test_cuda_backend_without_a_gpu_is_a_one_line_error(capsys) -> None:
         pytest.skip("a GPU is usable here")
     code, _, err = run(capsys, "run", "--backend", "cuda")
     assert code == EXIT_USAGE and err.startswith("racefuzz: error: --backend cuda:")
+
+
+def test_designs_mutants_lists_the_catalogue(capsys) -> None:
+    from racefuzz.designs.mutants import MUTANTS
+
+    code, out, _ = run(capsys, "designs", "--mutants")
+    assert code == EXIT_CLEAN
+    assert [line.split()[0] for line in out.strip().splitlines()] == list(MUTANTS)
+    assert len(MUTANTS) >= 12
+
+
+def test_run_with_the_pct_strategy_catches_a_mutant(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(
+        capsys,
+        "run",
+        "--backend",
+        "sim",
+        "--design",
+        "mutant-read-done-early",
+        "--strategy",
+        "pct",
+        "--examples",
+        "500",
+        "--report-dir",
+        str(tmp_path),
+        "--quiet",
+    )
+    assert code == EXIT_RACE, out
+    assert "negative control `none`: caught" in out
