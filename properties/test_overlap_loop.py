@@ -69,18 +69,7 @@ def test_b_no_unordered_conflicting_access(case, examples: int) -> None:
 
 
 def _race_keys(workload, design) -> set[tuple[object, ...]]:
-    # Designs add sync ops, not launches, so (kernel, iteration, cells) names a launch in both programs.
-    return {
-        (
-            race.kind.value,
-            race.first.kernel,
-            race.first.info.get("iteration"),
-            race.second.kernel,
-            race.second.info.get("iteration"),
-            tuple(str(cells) for cells in race.cells),
-        )
-        for race in find_races(build_program(workload, design.hooks))
-    }
+    return {race.across_designs for race in find_races(build_program(workload, design.hooks))}
 
 
 @pytest.mark.parametrize("plan_stream", [False, True], ids=["no-plan-stream", "plan-stream"])

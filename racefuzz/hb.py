@@ -69,6 +69,20 @@ class Race:
         """What identifies a race independently of op indices: kinds, kernels and streams."""
         return (self.kind.value, self.first.kernel, self.first.stream.name, self.second.kernel, self.second.stream.name)
 
+    @property
+    def across_designs(self) -> tuple[object, ...]:
+        """What names this race in any design's program of the same workload: kind, each launch's kernel
+        and iteration, and the shared cells. Designs add sync ops, not launches, so op indices differ
+        between designs but (kernel, iteration) does not (one launch per kernel per iteration)."""
+        return (
+            self.kind.value,
+            self.first.kernel,
+            self.first.info.get("iteration"),
+            self.second.kernel,
+            self.second.info.get("iteration"),
+            tuple(str(cells) for cells in self.cells),
+        )
+
     def missing_edge(self) -> str:
         """The ordering edge that would remove this race, in plain words."""
         a, b = self.first, self.second

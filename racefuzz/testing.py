@@ -123,24 +123,13 @@ def assert_no_new_race(
 ) -> None:
     """Fail if, on some drawn workload, `new` has a happens-before race that `old` does not have.
 
-    Races are compared by (kind, kernels, iterations, cells), which names the same launches in both
-    programs because designs add sync ops, not launches.
+    Races are compared by `Race.across_designs` (kind, kernels, iterations, cells).
     """
     config = config or Config()
     new_design, old_design = _design(new), _design(old)
 
     def keys(workload, design: Design) -> set[tuple[object, ...]]:
-        return {
-            (
-                race.kind.value,
-                race.first.kernel,
-                race.first.info.get("iteration"),
-                race.second.kernel,
-                race.second.info.get("iteration"),
-                tuple(str(c) for c in race.cells),
-            )
-            for race in find_races(build_program(workload, design.hooks))
-        }
+        return {race.across_designs for race in find_races(build_program(workload, design.hooks))}
 
     @hypothesis_seed(config.seed)
     @settings(max_examples=config.examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

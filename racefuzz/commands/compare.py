@@ -97,17 +97,7 @@ def compare(
             program = build_program(workload, design.hooks)
             row = per_design[design.name]
             races = find_races(program)
-            keys[design.name] = {
-                (
-                    r.kind.value,
-                    r.first.kernel,
-                    r.first.info.get("iteration"),
-                    r.second.kernel,
-                    r.second.info.get("iteration"),
-                    tuple(str(c) for c in r.cells),
-                )
-                for r in races
-            }
+            keys[design.name] = {race.across_designs for race in races}
             row["unordered"] += bool(races)  # type: ignore[operator]
             kinds = row["race_kinds"]
             assert isinstance(kinds, dict)
