@@ -239,9 +239,3 @@ class Program:
     @property
     def launches(self) -> list[Launch]:
         return [op for op in self.ops if isinstance(op, Launch)]
-
-    def stream_named(self, name: str) -> Stream:
-        for stream in self.streams:
-            if stream.name == name:
-                return stream
-        raise InvalidProgram(f"no stream named {name!r}; streams: {', '.join(s.name for s in self.streams)}")
