@@ -24,6 +24,8 @@ from racefuzz.search import search
 from racefuzz.strategies import HAZARDS
 
 EXAMPLES = 2000
+CONTROLS = {"plan-stream": "mutant-plan-exit-self-wait"}
+"""The negative control per hazard where `none` is not one (see racefuzz/designs/mutants.py)."""
 COUNTEREXAMPLE_DIR = Path("docs/results/counterexamples")
 
 
@@ -64,6 +66,28 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
                     f"{race.second.kernel} ({race.second.stream})",
                 )
             cells.append(cell)
+    # Every "clean" cell needs a negative control caught on the same hazard in the same run: `none`
+    # where it races; the plan-stream column, where even `none` is clean, uses a broken plan-stream exit.
+    controls = []
+    for hazard in HAZARDS:
+        name = CONTROLS.get(hazard, "none")
+        caught = search(
+            load_design(name),
+            sim,
+            examples=examples,
+            seed=0,
+            hazards=(hazard,),
+            plan_stream=hazard == "plan-stream",
+            shrink=False,
+        )
+        controls.append(
+            {
+                "hazard": hazard,
+                "control": name,
+                "caught": caught.found,
+                "examples_to_detect": caught.first_detection_example,
+            }
+        )
     return {
         "benchmark": "matrix",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -71,6 +95,7 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
         "python": platform.python_version(),
         "examples_per_cell": examples,
         "cells": cells,
+        "controls": controls,
     }
 
 
@@ -94,6 +119,15 @@ def render(results: dict[str, object]) -> str:
     for name in BUILTIN:
         row = [c for c in cells if c["design"] == name]
         lines.append(f"| `{name}` | " + " | ".join(_verdict(c) for c in row) + " |")
+    lines.append("")
+    controls = results.get("controls", [])
+    assert isinstance(controls, list)
+    found = [
+        f"{c['hazard']}: `{c['control']}` "
+        + (f"caught at example {c['examples_to_detect']}" if c["caught"] else "NOT caught")
+        for c in controls
+    ]
+    lines += ["", f"Negative controls, same hazards, same run: {'; '.join(found)}."]
     lines += [
         "",
         "Minimal counterexamples (shrunk by Hypothesis, then minimized structurally; replay with "
