@@ -119,7 +119,6 @@ def render(results: dict[str, object]) -> str:
     for name in BUILTIN:
         row = [c for c in cells if c["design"] == name]
         lines.append(f"| `{name}` | " + " | ".join(_verdict(c) for c in row) + " |")
-    lines.append("")
     controls = results.get("controls", [])
     assert isinstance(controls, list)
     found = [
