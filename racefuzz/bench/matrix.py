@@ -18,6 +18,7 @@ from pathlib import Path
 from racefuzz import __version__
 from racefuzz.backend import executor
 from racefuzz.designs import BUILTIN, load_design
+from racefuzz.progress import progress
 from racefuzz.report import ReplayFile, primary_race, write_replay
 from racefuzz.report import render as render_report
 from racefuzz.search import search
@@ -36,7 +37,16 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
         design = load_design(name)
         for hazard in HAZARDS:
             plan_stream = hazard == "plan-stream"
-            result = search(design, sim, examples=examples, seed=0, hazards=(hazard,), plan_stream=plan_stream)
+            with progress(examples, f"{name} x {hazard}") as on_example:
+                result = search(
+                    design,
+                    sim,
+                    examples=examples,
+                    seed=0,
+                    hazards=(hazard,),
+                    plan_stream=plan_stream,
+                    on_example=on_example,
+                )
             c = result.counterexample
             cell: dict[str, object] = {
                 "design": name,

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from racefuzz.backend import executor
 from racefuzz.designs import load_design
+from racefuzz.progress import progress
 from racefuzz.search import search
 from racefuzz.strategies import HAZARDS, PRE_LAUNCH_HAZARDS
 
@@ -44,15 +45,17 @@ def run(examples: int = EXAMPLES) -> dict[str, object]:
             runs = []
             for _ in range(REPEATS):
                 start = time.perf_counter()
-                result = search(
-                    load_design(design),
-                    sim,
-                    examples=examples,
-                    seed=0,
-                    hazards=hazards,
-                    fixed_iterations=fixed,
-                    shrink=False,
-                )
+                with progress(examples, f"{design} {'8' if fixed else '1-8'} iterations") as on_example:
+                    result = search(
+                        load_design(design),
+                        sim,
+                        examples=examples,
+                        seed=0,
+                        hazards=hazards,
+                        fixed_iterations=fixed,
+                        shrink=False,
+                        on_example=on_example,
+                    )
                 runs.append(time.perf_counter() - start)
             seconds = statistics.median(runs)
             rows.append(

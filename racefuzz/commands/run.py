@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from contextlib import nullcontext
 
 from racefuzz import __version__
 from racefuzz.backend import executor, resolve_backend
 from racefuzz.designs import load_design
+from racefuzz.progress import progress
 from racefuzz.report import save_counterexample
 from racefuzz.search import SearchResult, search
 
 
-def progress(total: int, label: str, quiet: bool):
-    """A tqdm bar on stderr when it is a terminal, else nothing."""
-    if quiet or not sys.stderr.isatty():
-        return nullcontext(None)
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=label, unit="ex", file=sys.stderr, leave=False)
-
-
 def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool = True) -> SearchResult:
-    with progress(args.examples, design.name, args.quiet) as bar:
+    with progress(args.examples, design.name, quiet=args.quiet) as on_example:
         return search(
             design,
             executor(backend),
@@ -37,7 +27,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
             shrink=shrink,
             repeat=args.repeat or (5 if backend == "cuda" else 1),
             strategy=args.strategy,
-            on_example=(lambda n: bar.update(1)) if bar is not None else None,
+            on_example=on_example,
         )
 
 
