@@ -24,6 +24,7 @@ by name (`mutant-...`); they are not built-ins (`BUILTIN` lists the designs one 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from dataclasses import dataclass
 
@@ -54,10 +55,17 @@ def describe(obj: object) -> str:
 
 
 def check_design(obj: object, spec: str) -> None:
-    """Raise `InvalidArgument` unless `obj` looks like a design (a name and only known, callable hooks)."""
+    """Raise `InvalidArgument` unless `obj` looks like a design: a name, callable hooks, and no attribute
+    that looks like a misspelt hook (a typo would silently leave that fence out)."""
     name = getattr(obj, "name", None)
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"{spec} is not a design: it has no `name` string attribute")
+    for attr in dir(obj):
+        if attr.startswith("_") or attr in Hooks.NAMES or not callable(getattr(obj, attr, None)):
+            continue
+        close = difflib.get_close_matches(attr, Hooks.NAMES, n=1, cutoff=0.8)
+        if close:
+            raise InvalidArgument(f"{spec}: {attr!r} is not a design hook; did you mean {close[0]!r}?")
     hooks = [h for h in Hooks.NAMES if getattr(obj, h, None) is not None]
     for hook in hooks:
         if not callable(getattr(obj, hook)):

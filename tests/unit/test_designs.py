@@ -87,3 +87,12 @@ def test_hooks_must_be_callable() -> None:
         check_design(SimpleNamespace(name="x", loop_top=3), "x")
     with pytest.raises(InvalidArgument, match="headroom_blocks"):
         check_design(SimpleNamespace(name="x", headroom_blocks=-1), "x")
+
+
+def test_a_misspelt_hook_is_an_error_not_a_missing_fence() -> None:
+    from types import SimpleNamespace
+
+    from racefuzz.designs import check_design
+
+    with pytest.raises(InvalidArgument, match="'loop_tob' is not a design hook; did you mean 'loop_top'"):
+        check_design(SimpleNamespace(name="x", loop_tob=lambda ctx: None), "x")
