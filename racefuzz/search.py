@@ -134,6 +134,9 @@ class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
 
 
+DEFAULT_GPU_REPEAT = 5
+"""k of k: how many runs a manifested race must reproduce in on the GPU, unless `repeat` says otherwise."""
+
 STRATEGIES = ("random", "pct", "none")
 """Delay strategies `search` draws schedules from (see the module docstring)."""
 
@@ -165,7 +168,7 @@ def search(
     max_delays: int = 4,
     fixed_iterations: bool = False,
     shrink: bool = True,
-    repeat: int = 1,
+    repeat: int | None = None,
     on_example: Callable[[int], None] | None = None,
     strategy: str = "random",
     pct_depth: int = DEFAULT_DEPTH,
@@ -180,7 +183,8 @@ def search(
     `repeat` (k): an example whose loads differ is re-run until it has run k times, and counts as a
     manifested race only when all k runs differ; otherwise it is recorded in `SearchResult.flaky` with its
     rate and the search goes on. Shrinking applies the same rule to every candidate, so it cannot turn a
-    k/k failure into a flaky one. Use k > 1 on the GPU; the simulator is deterministic.
+    k/k failure into a flaky one. The default is DEFAULT_GPU_REPEAT on `cuda` and 1 on the simulator, which
+    is deterministic.
 
     `min_delay_us` is added to every random or PCT delay (default: GPU_MIN_DELAY_US on `cuda`, 0 on `sim`). On
     the GPU a counterexample must stay delay-dominated: shrunk to a 40 us spin, a race sits on the edge of
@@ -188,6 +192,8 @@ def search(
     is re-checked k/k in fresh runs; if it no longer reproduces, the least-shrunk failure that does is
     reported instead.
     """
+    if repeat is None:
+        repeat = DEFAULT_GPU_REPEAT if backend == "cuda" else 1
     if repeat < 1:
         raise InvalidArgument(f"repeat must be >= 1, got {repeat}")
     if strategy not in STRATEGIES:

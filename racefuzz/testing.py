@@ -79,7 +79,7 @@ def _search(design: Design, config: Config, backend: str, hazards, plan_stream, 
         hazards=hazards,
         plan_stream=plan_stream,
         shrink=shrink,
-        repeat=config.repeat or (5 if backend == "cuda" else 1),
+        repeat=config.repeat,
     )
 
 

@@ -25,7 +25,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
             plan_stream=args.plan_stream,
             max_delays=args.max_delays,
             shrink=shrink,
-            repeat=args.repeat or (5 if backend == "cuda" else 1),
+            repeat=args.repeat,
             strategy=args.strategy,
             on_example=on_example,
         )
