@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from racefuzz.errors import BackendUnavailable, InvalidArgument
 from racefuzz.program import Program
@@ -12,6 +13,33 @@ from racefuzz.sim import Execution, simulate
 BACKENDS = ("auto", "sim", "cuda")
 
 Executor = Callable[[Program, Schedule], Execution]
+"""Runs a program under a schedule to the end. An executor may also have a `prepare` method (see
+`PreparingExecutor`), which `racefuzz.search` uses to overlap its host work with the device."""
+
+
+class StartedRun(Protocol):
+    """A run whose ops are all issued; the device may still be running it."""
+
+    def finish(self) -> Execution: ...
+
+
+class PreparedRun(Protocol):
+    """A run ready to issue; `start` issues every op in host order (host delays and syncs included)."""
+
+    def start(self) -> StartedRun: ...
+
+
+class PreparingExecutor(Protocol):
+    """An executor with an asynchronous form: `prepare(p, s).start().finish()` equals `run(p, s)`.
+
+    `prepare` may be called while another run is started but not finished (it must neither synchronize
+    the device nor touch that run's memory or streams); `start` is only called once the previous run
+    is finished, so that each run has the device to itself.
+    """
+
+    def __call__(self, program: Program, schedule: Schedule) -> Execution: ...
+
+    def prepare(self, program: Program, schedule: Schedule) -> PreparedRun: ...
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -37,7 +65,8 @@ def resolve_backend(name: str) -> str:
 
 
 def executor(name: str) -> Executor:
-    """The function that runs a program under a schedule on backend `name` (`sim` or `cuda`).
+    """The function that runs a program under a schedule on backend `name` (`sim` or `cuda`; the CUDA one is
+    a `PreparingExecutor`).
 
     Neither tracks which launch stored each loaded value (`Execution.writers` is None) nor records a
     timeline: on the simulator `explain` and the timeline writer re-run a counterexample with them, which
@@ -48,5 +77,5 @@ def executor(name: str) -> Executor:
     if name == "cuda":
         from racefuzz.backends import cuda
 
-        return lambda program, schedule: cuda.execute(program, schedule)
+        return cuda.CudaExecutor()
     raise InvalidArgument(f"backend {name!r} is not resolved; call resolve_backend first")

@@ -70,14 +70,20 @@ class Corruption:
 
 
 def find_corruptions(
-    program: Program, observed: Observations, observed_writers: Observations | None = None
+    program: Program,
+    observed: Observations,
+    observed_writers: Observations | None = None,
+    *,
+    expected: Observations | None = None,
 ) -> list[Corruption]:
     """Compare `observed` against the sequential reference; one `Corruption` per differing read range.
 
-    The common case -- everything matches -- costs one untracked sequential replay; the reference's
-    writers are only recomputed when something differs.
+    The common case -- everything matches -- costs one untracked sequential replay, or none when the
+    caller passes `expected_observations(program)` as `expected` (computed ahead, e.g. while the device
+    runs); the reference's writers are only recomputed when something differs.
     """
-    expected = sequential_replay(program).observations
+    if expected is None:
+        expected = sequential_replay(program).observations
     differing = [
         (index, k)
         for index, arrays in expected.items()

@@ -11,6 +11,9 @@ each on a drawn launch, `racefuzz.strategies.decode_schedule`), `pct` (PCT-style
 change points, `racefuzz.schedulers.pct`), or `none` (no injected delay: a plain stress loop, the
 baseline that shows what delay injection adds).
 
+On the GPU one Hypothesis example is a batch of examples, and the host builds the next example while the
+device runs the current one (see `search`'s `batch`).
+
 A manifested corruption fails the Hypothesis test, which then shrinks the workload and the schedule
 together; `racefuzz.minimize` then simplifies the structure further (fewer requests, iterations and
 delays). When nothing manifested but the happens-before oracle saw races, a second search shrinks the
@@ -24,17 +27,19 @@ import gc
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from racefuzz.backend import Executor
+from racefuzz.backend import Executor, StartedRun
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import Race, find_races
+from racefuzz.memory import Observations
 from racefuzz.minimize import minimize
-from racefuzz.oracle import Corruption, find_corruptions
+from racefuzz.oracle import Corruption, expected_observations, find_corruptions
 from racefuzz.program import Program
 from racefuzz.scenarios.sglang import build_program
 from racefuzz.scenarios.workload import Workload
@@ -92,6 +97,16 @@ def judge(workload: Workload, design: Design, schedule: Schedule | None, run: Ex
     return Outcome(workload, schedule, program, execution, corruptions, races)
 
 
+class _Example(NamedTuple):
+    """One example built and ready to run: what `search` judges its run against."""
+
+    workload: Workload
+    program: Program
+    schedule: Schedule
+    expected: Observations
+    racy: bool
+
+
 @dataclass(frozen=True)
 class Flaky:
     """An example whose loads differed in only `reproduced` of `runs` runs (GPU timing): not a verdict."""
@@ -134,6 +149,9 @@ class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
 
 
+DEFAULT_GPU_BATCH = 8
+"""Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
+
 DEFAULT_GPU_REPEAT = 5
 """k of k: how many runs a manifested race must reproduce in on the GPU, unless `repeat` says otherwise."""
 
@@ -173,6 +191,7 @@ def search(
     strategy: str = "random",
     pct_depth: int = DEFAULT_DEPTH,
     min_delay_us: float | None = None,
+    batch: int | None = None,
 ) -> SearchResult:
     """Search `examples` examples for a race of `design`; see the module docstring.
 
@@ -186,6 +205,13 @@ def search(
     k/k failure into a flaky one. The default is DEFAULT_GPU_REPEAT on `cuda` and 1 on the simulator, which
     is deterministic.
 
+    `batch`: racefuzz examples per Hypothesis example (default DEFAULT_GPU_BATCH on `cuda`, 1 on the
+    simulator, where a batch of one draws exactly what an unbatched search drew). A batch pays Hypothesis'
+    per-example cost once, and when `run` is a `PreparingExecutor` (the CUDA backend is) the search builds,
+    judges ahead and prepares example i+1 while the device runs example i. A failing batch shrinks like
+    any Hypothesis example; the counterexample is the failing member. The search stops at `examples`
+    examples even mid-batch.
+
     `min_delay_us` is added to every random or PCT delay (default: GPU_MIN_DELAY_US on `cuda`, 0 on `sim`). On
     the GPU a counterexample must stay delay-dominated: shrunk to a 40 us spin, a race sits on the edge of
     the real launch costs and reproduces 3 or 4 times in 5 (seen on an H200). The finished counterexample
@@ -196,6 +222,10 @@ def search(
         repeat = DEFAULT_GPU_REPEAT if backend == "cuda" else 1
     if repeat < 1:
         raise InvalidArgument(f"repeat must be >= 1, got {repeat}")
+    if batch is None:
+        batch = DEFAULT_GPU_BATCH if backend == "cuda" else 1
+    if batch < 1:
+        raise InvalidArgument(f"batch must be >= 1, got {batch}")
     if strategy not in STRATEGIES:
         raise InvalidArgument(f"unknown delay strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     allowed = check_hazards(hazards)
@@ -211,11 +241,10 @@ def search(
     flaky: list[Flaky] = []
     shrinking = [False]
 
-    # One given() of two byte strings, decoded here: a third of the cost of drawing through st.data().
-    @hypothesis_seed(seed)
-    @_settings(examples, shrink=shrink)
-    @given(workload_bytes(), schedule_strategy)
-    def manifest(workload_data: bytes, schedule_data: bytes) -> None:
+    prepare = getattr(run, "prepare", None)  # a PreparingExecutor overlaps our host work with the device
+
+    def build(workload_data: bytes, schedule_data: bytes) -> _Example:
+        """Decode and build one example, with what its verdict needs that does not depend on the run."""
         workload = decode_workload(
             workload_data,
             hazards=allowed,
@@ -225,8 +254,15 @@ def search(
         )
         program = build_program(workload, design.hooks)
         schedule = decode(schedule_data, program)
-        execution = run(program, schedule)
-        corruptions = find_corruptions(program, execution.observations, execution.writers)
+        # The happens-before verdict only counts while exploring (a shrink replays known examples).
+        racy = not shrinking[0] and bool(program.violations or find_races(program))
+        return _Example(workload, program, schedule, expected_observations(program), racy)
+
+    def settle(example: _Example, started: StartedRun | None) -> None:
+        """Finish (or run) `example` and judge it; raises _Manifested on a k-of-k corruption."""
+        workload, program, schedule = example.workload, example.program, example.schedule
+        execution = started.finish() if started is not None else run(program, schedule)
+        corruptions = find_corruptions(program, execution.observations, execution.writers, expected=example.expected)
         if not shrinking[0]:
             counts["examples"] += 1
             if counts["examples"] % COLLECT_EVERY == 0:
@@ -235,7 +271,8 @@ def search(
                 on_example(counts["examples"])
         if corruptions and repeat > 1:
             reproduced = 1 + sum(
-                bool(find_corruptions(program, run(program, schedule).observations)) for _ in range(repeat - 1)
+                bool(find_corruptions(program, run(program, schedule).observations, expected=example.expected))
+                for _ in range(repeat - 1)
             )
             if reproduced < repeat:
                 if not shrinking[0]:
@@ -251,12 +288,35 @@ def search(
                 shrinking[0] = True  # what runs after this is shrinking or Hypothesis' final replay
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
-        if not shrinking[0] and (program.violations or find_races(program)):
+        if example.racy:
             counts["racy"] += 1
             if not racy_workload:
                 racy_workload.append(workload)
             first.setdefault("example", counts["examples"])
             first.setdefault("seconds", time.perf_counter() - start)
+
+    # One Hypothesis example is a batch of `batch` racefuzz examples, each two byte strings decoded here
+    # (one binary() draw each: a third of the cost of drawing through st.data()). Batches amortize
+    # Hypothesis' per-example cost (~1 ms: PRNG seeding, bookkeeping) and, with a PreparingExecutor, let
+    # example i+1 be built and prepared while the device runs example i.
+    pair = st.tuples(workload_bytes(), schedule_strategy)
+    batches = pair.map(lambda one: [one]) if batch == 1 else st.lists(pair, min_size=batch, max_size=batch)
+
+    @hypothesis_seed(seed)
+    @_settings(-(-examples // batch), shrink=shrink)
+    @given(batches)
+    def manifest(pairs: list[tuple[bytes, bytes]]) -> None:
+        in_flight: tuple[_Example, StartedRun | None] | None = None
+        for workload_data, schedule_data in pairs:
+            if not shrinking[0] and counts["examples"] + (in_flight is not None) >= examples:
+                break  # the last batch overshoots the example budget
+            example = build(workload_data, schedule_data)
+            prepared = prepare(example.program, example.schedule) if prepare is not None else None
+            if in_flight is not None:
+                settle(*in_flight)
+            in_flight = (example, prepared.start() if prepared is not None else None)
+        if in_flight is not None:
+            settle(*in_flight)
 
     with _fewer_collections(), contextlib.suppress(_Manifested):
         manifest()

@@ -631,7 +631,42 @@ def execute(program: Program, schedule: Schedule = NO_DELAYS, config: CudaConfig
         staging, bound = _prepare(torch, cupy, runtime, program, schedule, config.device)
         # The upload synchronized its stream; this also orders any earlier work of the caller's.
         torch.cuda.synchronize()
-        return _issue(torch, program, schedule, staging, bound, runtime, config.timeline)
+        run = PreparedRun(torch, program, schedule, staging, bound, runtime, config)
+        return run.start().finish()
+
+
+def prepare(program: Program, schedule: Schedule = NO_DELAYS, config: CudaConfig | None = None) -> PreparedRun:
+    """Stage and bind a run without issuing it: `prepare(p, s).start().finish()` is `execute(p, s)`.
+
+    This is the asynchronous form of `execute`, for a caller that overlaps its own host work with the GPU
+    (the search builds and prepares example i+1 while example i runs): `prepare` touches neither the
+    streams nor the memory of a run still in flight -- it uploads into a fresh device array (on the
+    current stream, which torch's non-blocking pool streams do not wait for) and draws fresh streams and
+    events -- and it does not synchronize the device. The caller must `finish` the run in flight before it
+    `start`s this one, so that each run has the GPU to itself, as under `execute`. It bypasses the
+    one-entry re-run cache of `execute`.
+    """
+    config = config or CudaConfig()
+    schedule.check_against(program)
+    torch, cupy = _require(config.device)
+    with torch.cuda.device(config.device):
+        runtime = _runtime(torch, cupy, config.device)
+        staging = stage(program, schedule, runtime.catalog)
+        bound = _bind(torch, cupy, runtime, program, schedule, staging, config.device)
+    return PreparedRun(torch, program, schedule, staging, bound, runtime, config)
+
+
+class CudaExecutor:
+    """The CUDA backend as a search executor: a call is `execute`; `prepare` is its asynchronous form."""
+
+    def __init__(self, config: CudaConfig | None = None) -> None:
+        self.config = config or CudaConfig()
+
+    def __call__(self, program: Program, schedule: Schedule) -> Execution:
+        return execute(program, schedule, self.config)
+
+    def prepare(self, program: Program, schedule: Schedule) -> PreparedRun:
+        return prepare(program, schedule, self.config)
 
 
 def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
@@ -652,9 +687,97 @@ def _host_span(index: int, kind: str, start: float, t0: float, label: str) -> Sp
     return Span(index, HOST, kind, (start - t0) * 1e6, (time.perf_counter() - t0) * 1e6, label)
 
 
+class PreparedRun:
+    """A run staged and bound to device memory, streams and events: ready to `start` (see `prepare`)."""
+
+    def __init__(
+        self,
+        torch: Any,
+        program: Program,
+        schedule: Schedule,
+        staging: Staging,
+        bound: _Bound,
+        runtime: _Runtime,
+        config: CudaConfig,
+    ) -> None:
+        self._torch, self._runtime, self._config = torch, runtime, config
+        self.program, self.schedule, self.staging, self.bound = program, schedule, staging, bound
+
+    def start(self) -> StartedRun:
+        """Issue every op in host order, as the modelled host would, and return once the last is issued.
+
+        Host delays and host syncs happen here, so this blocks for as long as the program's host does; the
+        device work after the last issued op is still running on return.
+        """
+        with self._torch.cuda.device(self._config.device):
+            return _issue(
+                self._torch, self.program, self.schedule, self.staging, self.bound, self._runtime, self._config
+            )
+
+
+class StartedRun:
+    """A run whose ops are all issued; `finish` waits for the device and reads the loads back."""
+
+    def __init__(
+        self,
+        torch: Any,
+        program: Program,
+        staging: Staging,
+        bound: _Bound,
+        config: CudaConfig,
+        t0: float,
+        origin: Any,
+        marks: list[_GpuMark],
+        host_spans: list[Span],
+    ) -> None:
+        self._torch, self._config = torch, config
+        # Holding `bound` keeps the run's device array alive until `finish`: freed earlier, torch's
+        # caching allocator could hand it to the next upload while these kernels still use it.
+        self.program, self.staging, self.bound = program, staging, bound
+        self._t0, self._origin, self._marks, self._host_spans = t0, origin, marks, host_spans
+        self._execution: Execution | None = None
+
+    def finish(self) -> Execution:
+        """Synchronize the device and return the run's `Execution` (see `execute`); idempotent."""
+        if self._execution is None:
+            with self._torch.cuda.device(self._config.device):
+                self._execution = self._collect()
+        return self._execution
+
+    def _collect(self) -> Execution:
+        torch, staging, program = self._torch, self.staging, self.program
+        torch.cuda.synchronize()
+        host_end_us = (time.perf_counter() - self._t0) * 1e6
+        base = staging.observed_base
+        observed = self.bound.staged[base : base + staging.observed_size].cpu().numpy()
+        observations = collect_observations(program, staging, observed)
+
+        spans: list[Span] = []
+        access_time: dict[int, float] = {}
+        if self._config.timeline:
+            origin = self._origin
+            assert origin is not None
+            for mark in self._marks:
+                begin_us = origin.elapsed_time(mark.begin) * 1000.0
+                end_us = origin.elapsed_time(mark.end) * 1000.0
+                spans.append(Span(mark.op_index, mark.track, mark.kind, begin_us, end_us, mark.label))
+                if mark.kind == "kernel":
+                    access_time[mark.op_index] = end_us
+            spans.extend(self._host_spans)
+            spans.sort(key=lambda span: (span.start_us, span.op_index))
+        return Execution(observations, spans, host_end_us, None, access_time)
+
+
 def _issue(
-    torch: Any, program: Program, schedule: Schedule, staging: Staging, bound: _Bound, runtime: _Runtime, timeline: bool
-) -> Execution:
+    torch: Any,
+    program: Program,
+    schedule: Schedule,
+    staging: Staging,
+    bound: _Bound,
+    runtime: _Runtime,
+    config: CudaConfig,
+) -> StartedRun:
+    timeline = config.timeline
     host_delays, spins, costs, launch_calls = schedule.host_delays, bound.spins, bound.costs, bound.launch_calls
     streams, ext, events = bound.streams, bound.ext, bound.events
     spin_kernel = runtime.kernels[runtime.catalog.spin]
@@ -732,23 +855,4 @@ def _issue(
                 label = "device synchronize"
             if timeline:
                 host_spans.append(_host_span(index, "sync", start, t0, label))
-    torch.cuda.synchronize()
-    host_end_us = (perf() - t0) * 1e6
-
-    base = staging.observed_base
-    observed = bound.staged[base : base + staging.observed_size].cpu().numpy()
-    observations = collect_observations(program, staging, observed)
-
-    spans: list[Span] = []
-    access_time: dict[int, float] = {}
-    if timeline:
-        assert origin is not None
-        for mark in marks:
-            begin_us = origin.elapsed_time(mark.begin) * 1000.0
-            end_us = origin.elapsed_time(mark.end) * 1000.0
-            spans.append(Span(mark.op_index, mark.track, mark.kind, begin_us, end_us, mark.label))
-            if mark.kind == "kernel":
-                access_time[mark.op_index] = end_us
-        spans.extend(host_spans)
-        spans.sort(key=lambda span: (span.start_us, span.op_index))
-    return Execution(observations, spans, host_end_us, None, access_time)
+    return StartedRun(torch, program, staging, bound, config, t0, origin, marks, host_spans)

@@ -118,7 +118,9 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     full = _per_call_us(lambda: (cuda.forget_cached_run(), cuda.execute(program, NO_DELAYS)), 300)
     staged = _per_call_us(lambda: cuda.stage(program, NO_DELAYS, runtime.catalog), 300)
     bound_us = _per_call_us(bind, 300)
-    issue = _per_call_us(lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, False), 300)
+    issue = _per_call_us(
+        lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, cuda.CudaConfig()).finish(), 300
+    )
     return (
         f"  {name:26s} ({len(program.ops):3d} ops): execute {full:7.1f} us ({1e6 / full:6.0f} examples/s) "
         f"= stage {staged:6.1f} + bind&sync {bound_us:6.1f} + issue&readback {issue:6.1f} (+ rest); "

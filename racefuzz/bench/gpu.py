@@ -3,12 +3,15 @@
 `racefuzz bench gpu` (needs a CUDA GPU; `BackendUnavailable`, exit 2, without one).
 
 Examples per second: `search` on the CUDA backend, as `racefuzz run --backend cuda` runs an example:
-Hypothesis draws a workload and a schedule from the default distributions (up to 8 requests, up to 4
-delays of 0 to 5.1 ms), the scenario builds the program, the backend stages, uploads, issues and reads
-back, and both oracles judge. Design `war-after-launch` under all hazards: race-free, so every example
-runs to the end instead of stopping at a race (k=5 as on the CLI; nothing re-runs since nothing
-corrupts), no shrinking. Rows for 1-8 iterations (`racefuzz run`'s default) and exactly 8 (the
-scenario benchmark's "default workload"), each the median of REPEATS runs of EXAMPLES examples.
+Hypothesis draws a batch of workloads and schedules from the default distributions (up to 8 requests, up
+to 4 delays of 0.3 to 5.4 ms), the scenario builds each program, the backend stages, uploads, issues and
+reads back, and both oracles judge; example i+1 is built, judged ahead and prepared while the GPU runs
+example i (`search`'s `batch`, DEFAULT_GPU_BATCH examples per Hypothesis example). Design
+`war-after-launch` under all hazards: race-free, so every example runs to the end instead of stopping at
+a race (k=5 as on the CLI; nothing re-runs since nothing corrupts), no shrinking. Rows for 1-8
+iterations (`racefuzz run`'s default) and exactly 8 (the scenario benchmark's "default workload"), each
+the median of REPEATS runs of EXAMPLES examples, and an ablation row: 1-8 iterations with one example per
+Hypothesis example and no overlap (`batch=1` and a plain executor), which is how searches ran before.
 
 Overhead: every (program, schedule) that `execute` ran during a timed search is recorded and then, in
 the same process, replayed without racefuzz: a hand-written loop of pre-bound calls
@@ -22,11 +25,14 @@ the replay demonstrably ran the same kernels to completion.
 
 Two ratios, both over that replay's wall time:
 * end-to-end: the search's wall time (Hypothesis, program build, the backend, both oracles);
-* backend: the time spent inside `racefuzz.backends.cuda.execute` (stage, upload, issue, sync, readback).
-A per-example breakdown of the median run is re-measured afterwards on its recorded programs: staging,
-the sequential-reference oracle and the happens-before oracle (every example of a race-free design runs
-both), and what remains (Hypothesis's draw and decode, the program build). Goals: >= 100 examples/s and
-end-to-end overhead <= 1.5x.
+* backend: the host time spent inside the CUDA backend (`prepare`: stage and upload; `start`: issue, with
+  the program's own host delays and syncs; `finish`: wait for the GPU and read back; `execute` for k/k
+  re-runs).
+The per-example breakdown of the median run: the backend's parts, of which the wait in `finish` (the GPU
+still running after the last issue: the time the overlap can use), and the host work outside the
+backend (Hypothesis's draw, decode, program build, both oracles), with the oracles and staging
+re-measured afterwards on the recorded programs. Goals: >= 100 examples/s and end-to-end overhead
+<= 1.5x.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from racefuzz.program import (
     WaitStream,
 )
 from racefuzz.schedule import Schedule
-from racefuzz.search import search
+from racefuzz.search import DEFAULT_GPU_BATCH, search
 from racefuzz.sim import Execution
 from racefuzz.strategies import HAZARDS
 
@@ -170,25 +176,69 @@ def _per_example_us(fn: Callable[[Program, Schedule], object], recorded: Recorde
     return (time.perf_counter() - start) / max(1, len(recorded)) * 1e6
 
 
-def _one_run(examples: int, seed: int, fixed: bool) -> tuple[dict[str, Any], Recorded]:
+class RecordingExecutor:
+    """The CUDA executor, recording every (program, schedule) it runs and the host seconds spent in it.
+
+    With `overlap` it is a `PreparingExecutor` (as `executor("cuda")` is); without, a plain executor, so
+    that `search` runs every example to the end before building the next.
+    """
+
+    def __init__(self, overlap: bool) -> None:
+        from racefuzz.backends import cuda
+
+        self._cuda = cuda
+        self.recorded: Recorded = []
+        self.seconds = {"prepare": 0.0, "start": 0.0, "finish": 0.0, "execute": 0.0}
+        if overlap:
+            self.prepare = self._prepare
+
+    def __call__(self, program: Program, schedule: Schedule) -> Execution:
+        start = time.perf_counter()
+        execution = self._cuda.execute(program, schedule)
+        self.seconds["execute"] += time.perf_counter() - start
+        self.recorded.append((program, schedule))
+        return execution
+
+    def _prepare(self, program: Program, schedule: Schedule) -> _TimedPrepared:
+        start = time.perf_counter()
+        prepared = self._cuda.prepare(program, schedule)
+        self.seconds["prepare"] += time.perf_counter() - start
+        return _TimedPrepared(self, prepared)
+
+
+class _TimedPrepared:
+    def __init__(self, owner: RecordingExecutor, prepared: Any) -> None:
+        self.owner, self.prepared = owner, prepared
+
+    def start(self) -> _TimedStarted:
+        start = time.perf_counter()
+        started = self.prepared.start()
+        self.owner.seconds["start"] += time.perf_counter() - start
+        self.owner.recorded.append((self.prepared.program, self.prepared.schedule))
+        return _TimedStarted(self.owner, started)
+
+
+class _TimedStarted:
+    def __init__(self, owner: RecordingExecutor, started: Any) -> None:
+        self.owner, self.started = owner, started
+
+    def finish(self) -> Execution:
+        start = time.perf_counter()
+        execution = self.started.finish()
+        self.owner.seconds["finish"] += time.perf_counter() - start
+        return execution
+
+
+def _one_run(examples: int, seed: int, fixed: bool, batch: int, overlap: bool) -> tuple[dict[str, Any], Recorded]:
     """One timed search, then the plain replay of what it ran; (figures, recorded programs)."""
     from racefuzz.backends import cuda
 
-    recorded: Recorded = []
-    in_execute = [0.0]
-
-    def run_recorded(program: Program, schedule: Schedule) -> Execution:
-        start = time.perf_counter()
-        execution = cuda.execute(program, schedule)
-        in_execute[0] += time.perf_counter() - start
-        recorded.append((program, schedule))
-        return execution
-
+    run = RecordingExecutor(overlap)
     cuda.forget_cached_run()
     start = time.perf_counter()
     result = search(
         load_design(DESIGN),
-        run_recorded,
+        run,
         backend="cuda",
         examples=examples,
         seed=seed,
@@ -196,25 +246,31 @@ def _one_run(examples: int, seed: int, fixed: bool) -> tuple[dict[str, Any], Rec
         fixed_iterations=fixed,
         repeat=K,
         shrink=False,
+        batch=batch,
     )
     search_s = time.perf_counter() - start
+    recorded = run.recorded
     replay = PlainReplay(recorded)
     replay_s = replay.run()
     delays_us = [
         sum(s.host_delays.values()) + sum(s.device_delays.values()) + sum(s.read_spins.values()) for _, s in recorded
     ]
+    backend_s = sum(run.seconds.values())
     figures = {
         "seed": seed,
+        "batch": batch,
+        "overlap": overlap,
         "examples": result.examples,
         "executes": len(recorded),
         "found": result.found,
         "flaky": len(result.flaky),
         "search_s": round(search_s, 4),
         "examples_per_s": round(result.examples / search_s, 1),
-        "execute_s": round(in_execute[0], 4),
+        "backend_s": round(backend_s, 4),
+        "backend_parts_s": {part: round(seconds, 4) for part, seconds in run.seconds.items()},
         "replay_s": round(replay_s, 4),
         "overhead_end_to_end": round(search_s / replay_s, 3),
-        "overhead_backend": round(in_execute[0] / replay_s, 3),
+        "overhead_backend": round(backend_s / replay_s, 3),
         "replay_corrupted_examples": replay.corrupted_examples(),
         "mean_ops": round(statistics.mean(len(p.ops) for p, _ in recorded), 1),
         "mean_scheduled_delay_us": round(statistics.mean(delays_us), 1),
@@ -223,28 +279,40 @@ def _one_run(examples: int, seed: int, fixed: bool) -> tuple[dict[str, Any], Rec
 
 
 def _breakdown(recorded: Recorded, figures: dict[str, Any]) -> dict[str, float]:
-    """Per-example µs of the search's parts, re-measured on the recorded programs (see the module doc)."""
+    """Per-example µs of the search's parts (see the module doc)."""
     import cupy
     import torch
 
     from racefuzz.backends import cuda
 
     catalog = cuda._runtime(torch, cupy, 0).catalog
-    stage_us = _per_example_us(lambda p, s: cuda.stage(p, s, catalog), recorded)
-    reference_us = _per_example_us(lambda p, s: sequential_replay(p), recorded)
-    hb_us = _per_example_us(lambda p, s: find_races(p), recorded)
-    search_us = figures["search_s"] / figures["examples"] * 1e6
-    execute_us = figures["execute_s"] / figures["examples"] * 1e6
-    replay_us = figures["replay_s"] / figures["examples"] * 1e6
+    n = figures["examples"]
+
+    def per_example(seconds: float) -> float:
+        return round(seconds / n * 1e6, 1)
+
+    parts = figures["backend_parts_s"]
     return {
-        "search_us": round(search_us, 1),
-        "execute_us": round(execute_us, 1),
-        "of_which_stage_us": round(stage_us, 1),
-        "sequential_reference_oracle_us": round(reference_us, 1),
-        "happens_before_oracle_us": round(hb_us, 1),
-        "rest_hypothesis_decode_build_us": round(search_us - execute_us - reference_us - hb_us, 1),
-        "plain_replay_us": round(replay_us, 1),
+        "search_us": per_example(figures["search_s"]),
+        "backend_us": per_example(figures["backend_s"]),
+        "backend_prepare_us": per_example(parts["prepare"]),
+        "backend_start_us": per_example(parts["start"]),
+        "backend_finish_us": per_example(parts["finish"]),
+        "backend_execute_us": per_example(parts["execute"]),
+        "of_which_stage_us": round(_per_example_us(lambda p, s: cuda.stage(p, s, catalog), recorded), 1),
+        "outside_backend_us": per_example(figures["search_s"] - figures["backend_s"]),
+        "sequential_reference_oracle_us": round(_per_example_us(lambda p, s: sequential_replay(p), recorded), 1),
+        "happens_before_oracle_us": round(_per_example_us(lambda p, s: find_races(p), recorded), 1),
+        "plain_replay_us": per_example(figures["replay_s"]),
     }
+
+
+ROWS = (
+    # (label, exactly 8 iterations, batch, overlap, counts toward the goals)
+    ("1-8", False, DEFAULT_GPU_BATCH, True, True),
+    ("8", True, DEFAULT_GPU_BATCH, True, True),
+    ("1-8 batch 1, no overlap (ablation)", False, 1, False, False),
+)
 
 
 def run(examples: int = EXAMPLES, repeats: int = REPEATS) -> dict[str, Any]:
@@ -256,7 +324,7 @@ def run(examples: int = EXAMPLES, repeats: int = REPEATS) -> dict[str, Any]:
         raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
     setup_start = time.perf_counter()
     # Warm-up, untimed: Hypothesis's first draws, the kernels' first launches, torch's stream pool.
-    search(load_design(DESIGN), cuda.execute, backend="cuda", examples=50, seed=99, repeat=K, shrink=False)
+    search(load_design(DESIGN), cuda.CudaExecutor(), backend="cuda", examples=50, seed=99, repeat=K, shrink=False)
     results: dict[str, Any] = {
         "benchmark": "gpu",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -272,18 +340,21 @@ def run(examples: int = EXAMPLES, repeats: int = REPEATS) -> dict[str, Any]:
         "setup_s": round(time.perf_counter() - setup_start, 3),
         "rows": [],
     }
-    for fixed in (False, True):
+    for label, fixed, batch, overlap, goal in ROWS:
         measured = []
         for seed in range(repeats):
-            measured.append(_one_run(examples, seed, fixed))
+            measured.append(_one_run(examples, seed, fixed, batch, overlap))
             # Progress on stderr, so that a run cut short still leaves its figures in the log.
-            print(f"iterations {'8' if fixed else '1-8'}: {measured[-1][0]}", file=sys.stderr, flush=True)
+            print(f"iterations {label}: {measured[-1][0]}", file=sys.stderr, flush=True)
         runs = [figures for figures, _ in measured]
         by_ratio = sorted(measured, key=lambda m: m[0]["overhead_end_to_end"])
         median_figures, median_recorded = by_ratio[len(by_ratio) // 2]
         results["rows"].append(
             {
-                "iterations": "8" if fixed else "1-8",
+                "iterations": label,
+                "batch": batch,
+                "overlap": overlap,
+                "counts_toward_goals": goal,
                 "examples_per_s": statistics.median(r["examples_per_s"] for r in runs),
                 "overhead_end_to_end": statistics.median(r["overhead_end_to_end"] for r in runs),
                 "overhead_backend": statistics.median(r["overhead_backend"] for r in runs),
@@ -305,33 +376,40 @@ def render(results: dict[str, Any]) -> str:
         f"design {results['design']}, hazards {results['hazards']}, k={results['repeat_k']}, "
         f"spins on {results.get('spin_clock', 'clock64')}; goals >= {GOAL_EXAMPLES_PER_S} examples/s, "
         f"end-to-end overhead <= {GOAL_OVERHEAD}x a plain replay of the same kernel sequences",
-        f"{'iters':>5} {'seed':>4} {'examples':>8} {'search s':>9} {'ex/s':>7} {'execute s':>9} {'replay s':>9} "
-        f"{'e2e x':>6} {'backend x':>9} {'delay us':>9} {'ops':>5} replay-check",
+        f"{'iters':>5} {'batch':>5} {'seed':>4} {'examples':>8} {'search s':>9} {'ex/s':>7} {'backend s':>9} "
+        f"{'replay s':>9} {'e2e x':>6} {'backend x':>9} {'delay us':>9} {'ops':>5} replay-check",
     ]
     for row in results["rows"]:
         for r in row["runs"]:
             lines.append(
-                f"{row['iterations']:>5} {r['seed']:>4} {r['examples']:>8} {r['search_s']:>9.3f} "
-                f"{r['examples_per_s']:>7.1f} {r['execute_s']:>9.3f} {r['replay_s']:>9.3f} "
+                f"{row['iterations'].split()[0]:>5} {r['batch']:>5} {r['seed']:>4} {r['examples']:>8} "
+                f"{r['search_s']:>9.3f} {r['examples_per_s']:>7.1f} {r['backend_s']:>9.3f} {r['replay_s']:>9.3f} "
                 f"{r['overhead_end_to_end']:>6.2f} {r['overhead_backend']:>9.2f} {r['mean_scheduled_delay_us']:>9.1f} "
                 f"{r['mean_ops']:>5.1f} {'ok' if r['replay_corrupted_examples'] == 0 else 'CORRUPTED'}"
+                + ("" if r["overlap"] else "  (no overlap)")
                 + ("  (stopped at a race)" if r["found"] else "")
             )
     lines.append("median per row:")
     for row in results["rows"]:
         eps, e2e = row["examples_per_s"], row["overhead_end_to_end"]
+        if row.get("counts_toward_goals", True):
+            verdicts = (
+                f"({'meets' if eps >= GOAL_EXAMPLES_PER_S else 'MISSES'} {GOAL_EXAMPLES_PER_S}/s)",
+                f"({'meets' if e2e <= GOAL_OVERHEAD else 'MISSES'} x{GOAL_OVERHEAD})",
+            )
+        else:
+            verdicts = ("", "(ablation, not a goal row)")
         lines.append(
-            f"  iterations {row['iterations']:>3}: {eps:7.1f} examples/s "
-            f"({'meets' if eps >= GOAL_EXAMPLES_PER_S else 'MISSES'} {GOAL_EXAMPLES_PER_S}/s); "
-            f"end-to-end overhead x{e2e:.2f} ({'meets' if e2e <= GOAL_OVERHEAD else 'MISSES'} x{GOAL_OVERHEAD}); "
-            f"backend overhead x{row['overhead_backend']:.2f}"
+            f"  iterations {row['iterations']}: {eps:7.1f} examples/s {verdicts[0]}; "
+            f"end-to-end overhead x{e2e:.2f} {verdicts[1]}; backend overhead x{row['overhead_backend']:.2f}"
         )
         b = row["breakdown_of_median_run"]
         lines.append(
-            f"    per example (seed {b['seed']}): search {b['search_us']:.0f} us = execute {b['execute_us']:.0f} us "
-            f"(staging alone {b['of_which_stage_us']:.0f}) + sequential-reference oracle "
-            f"{b['sequential_reference_oracle_us']:.0f} + happens-before oracle {b['happens_before_oracle_us']:.0f} "
-            f"+ rest (Hypothesis draw and decode, program build) {b['rest_hypothesis_decode_build_us']:.0f}; "
-            f"plain replay {b['plain_replay_us']:.0f} us"
+            f"    per example (seed {b['seed']}): search {b['search_us']:.0f} us = backend {b['backend_us']:.0f} "
+            f"(prepare {b['backend_prepare_us']:.0f}, start {b['backend_start_us']:.0f}, finish "
+            f"{b['backend_finish_us']:.0f}, execute {b['backend_execute_us']:.0f}; staging alone "
+            f"{b['of_which_stage_us']:.0f}) + outside the backend {b['outside_backend_us']:.0f} (Hypothesis, decode, "
+            f"build, sequential-reference oracle {b['sequential_reference_oracle_us']:.0f}, happens-before oracle "
+            f"{b['happens_before_oracle_us']:.0f}); plain replay {b['plain_replay_us']:.0f} us"
         )
     return "\n".join(lines)
