@@ -11,8 +11,8 @@ each on a drawn launch, `racefuzz.strategies.decode_schedule`), `pct` (PCT-style
 change points, `racefuzz.schedulers.pct`), or `none` (no injected delay: a plain stress loop, the
 baseline that shows what delay injection adds).
 
-On the GPU one Hypothesis example is a batch of examples, and the host builds the next example while the
-device runs the current one (see `search`'s `batch`).
+On the GPU one Hypothesis example is a batch of examples, and the host draws and builds the next example
+while the device runs the current one (see `search`'s `batch`).
 
 A manifested corruption fails the Hypothesis test, which then shrinks the workload and the schedule
 together; `racefuzz.minimize` then simplifies the structure further (fewer requests, iterations and
@@ -100,6 +100,7 @@ def judge(workload: Workload, design: Design, schedule: Schedule | None, run: Ex
 class _Example(NamedTuple):
     """One example built and ready to run: what `search` judges its run against."""
 
+    key: tuple[bytes, bytes]
     workload: Workload
     program: Program
     schedule: Schedule
@@ -149,7 +150,7 @@ class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
 
 
-DEFAULT_GPU_BATCH = 8
+DEFAULT_GPU_BATCH = 16
 """Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
 
 DEFAULT_GPU_REPEAT = 5
@@ -207,10 +208,10 @@ def search(
 
     `batch`: racefuzz examples per Hypothesis example (default DEFAULT_GPU_BATCH on `cuda`, 1 on the
     simulator, where a batch of one draws exactly what an unbatched search drew). A batch pays Hypothesis'
-    per-example cost once, and when `run` is a `PreparingExecutor` (the CUDA backend is) the search builds,
-    judges ahead and prepares example i+1 while the device runs example i. A failing batch shrinks like
-    any Hypothesis example; the counterexample is the failing member. The search stops at `examples`
-    examples even mid-batch.
+    per-example cost once, and when `run` is a `PreparingExecutor` (the CUDA backend is) the search draws,
+    builds, judges ahead and prepares example i+1 while the device runs example i. The search stops at the
+    first failing member (even mid-batch) and Hypothesis then shrinks that member alone, not the batch
+    (`_shrink_alone`); it also stops at `examples` examples, even mid-batch.
 
     `min_delay_us` is added to every random or PCT delay (default: GPU_MIN_DELAY_US on `cuda`, 0 on `sim`). On
     the GPU a counterexample must stay delay-dominated: shrunk to a 40 us spin, a race sits on the edge of
@@ -240,6 +241,7 @@ def search(
     racy_workload: list[Workload] = []
     flaky: list[Flaky] = []
     shrinking = [False]
+    failing_key: list[tuple[bytes, bytes]] = []
 
     prepare = getattr(run, "prepare", None)  # a PreparingExecutor overlaps our host work with the device
 
@@ -256,7 +258,8 @@ def search(
         schedule = decode(schedule_data, program)
         # The happens-before verdict only counts while exploring (a shrink replays known examples).
         racy = not shrinking[0] and bool(program.violations or find_races(program))
-        return _Example(workload, program, schedule, expected_observations(program), racy)
+        expected = expected_observations(program)
+        return _Example((workload_data, schedule_data), workload, program, schedule, expected, racy)
 
     def settle(example: _Example, started: StartedRun | None) -> None:
         """Finish (or run) `example` and judge it; raises _Manifested on a k-of-k corruption."""
@@ -286,6 +289,7 @@ def search(
                 first.setdefault("manifested_example", counts["examples"])
                 first.setdefault("manifested_seconds", time.perf_counter() - start)
                 shrinking[0] = True  # what runs after this is shrinking or Hypothesis' final replay
+                failing_key[:] = [example.key]
             last_failure[:] = [Outcome(workload, schedule, program, execution, corruptions, [])]
             raise _Manifested
         if example.racy:
@@ -295,22 +299,14 @@ def search(
             first.setdefault("example", counts["examples"])
             first.setdefault("seconds", time.perf_counter() - start)
 
-    # One Hypothesis example is a batch of `batch` racefuzz examples, each two byte strings decoded here
-    # (one binary() draw each: a third of the cost of drawing through st.data()). Batches amortize
-    # Hypothesis' per-example cost (~1 ms: PRNG seeding, bookkeeping) and, with a PreparingExecutor, let
-    # example i+1 be built and prepared while the device runs example i.
-    pair = st.tuples(workload_bytes(), schedule_strategy)
-    batches = pair.map(lambda one: [one]) if batch == 1 else st.lists(pair, min_size=batch, max_size=batch)
-
-    @hypothesis_seed(seed)
-    @_settings(-(-examples // batch), shrink=shrink)
-    @given(batches)
-    def manifest(pairs: list[tuple[bytes, bytes]]) -> None:
+    def run_batch(draw: Callable[[], tuple[bytes, bytes]]) -> None:
+        """Draw, build and run up to `batch` examples; example i+1 is drawn, built and prepared while the
+        device runs example i (with a PreparingExecutor)."""
         in_flight: tuple[_Example, StartedRun | None] | None = None
-        for workload_data, schedule_data in pairs:
+        for _ in range(batch):
             if not shrinking[0] and counts["examples"] + (in_flight is not None) >= examples:
-                break  # the last batch overshoots the example budget
-            example = build(workload_data, schedule_data)
+                break  # the last batch stops at the example budget
+            example = build(*draw())
             prepared = prepare(example.program, example.schedule) if prepare is not None else None
             if in_flight is not None:
                 settle(*in_flight)
@@ -318,8 +314,39 @@ def search(
         if in_flight is not None:
             settle(*in_flight)
 
+    # Each example is two byte strings, decoded here: one binary() draw each (a third of the cost of
+    # drawing the fields). One Hypothesis example runs `batch` examples: a batch pays Hypothesis' own
+    # per-example cost (~0.5-1 ms: PRNG seeding, bookkeeping, done while nothing runs) once, and draws its
+    # members through st.data() from inside the test, where the draws overlap the device's run of the
+    # previous member. A batch of one draws the pair directly: exactly what searches drew before batches.
+    pair = st.tuples(workload_bytes(), schedule_strategy)
+
+    # A failing batch is not shrunk as a batch: its other members would cost a replay for every change
+    # the shrinker tried on them (10x the runs, measured on the simulator). Its failing member is shrunk
+    # alone instead, by `_shrink_alone`.
+    @hypothesis_seed(seed)
+    @_settings(-(-examples // batch), shrink=shrink and batch == 1)
+    @given(pair if batch == 1 else st.data())
+    def manifest(drawn: tuple[bytes, bytes] | st.DataObject) -> None:
+        if batch == 1:
+            assert isinstance(drawn, tuple)
+            run_batch(lambda: drawn)
+        else:
+            assert isinstance(drawn, st.DataObject)
+            run_batch(lambda: drawn.draw(pair))
+
     with _fewer_collections(), contextlib.suppress(_Manifested):
         manifest()
+    if last_failure and shrink and batch > 1:
+
+        def fails(drawn: tuple[bytes, bytes]) -> bool:
+            try:
+                settle(build(*drawn), None)
+            except _Manifested:
+                return True
+            return False
+
+        _shrink_alone(fails, failing_key[0], pair, strategy)
     counterexample = None
     if last_failure:
         failure = last_failure[0]
@@ -416,6 +443,42 @@ def explain(outcome: Outcome, backend: str) -> Outcome:
     execution = simulate(outcome.program, outcome.schedule, track_writers=True)
     corruptions = find_corruptions(outcome.program, execution.observations, execution.writers)
     return Outcome(outcome.workload, outcome.schedule, outcome.program, execution, corruptions, races)
+
+
+def _shrink_alone(
+    fails: Callable[[tuple[bytes, bytes]], bool],
+    failing: tuple[bytes, bytes],
+    pair: st.SearchStrategy[tuple[bytes, bytes]],
+    strategy: str,
+) -> None:
+    """Let Hypothesis shrink one failing (workload bytes, schedule bytes) pair on its own.
+
+    Hypothesis shrinks a failure it finds in its example database before anything else; the pair is put
+    into a private in-memory database, serialized as Hypothesis serializes its own entries (one choice per
+    binary() draw; none for the `none` strategy's constant schedule), under the key of the non-minimal
+    ("secondary") corpus, which Hypothesis replays and then shrinks. `fails` records each failure it sees,
+    so the caller's last recorded failure is the minimal one. If this Hypothesis cannot replay the entry
+    (its database format changed) or the pair no longer fails, nothing is shrunk here: `racefuzz.minimize`
+    still simplifies the failure found.
+
+    No seed: Hypothesis turns its database off for seeded tests. Its shrinker is deterministic in effect
+    (the same failure shrank to the same counterexample in separate processes, checked on the simulator).
+    """
+    from hypothesis import find
+    from hypothesis.database import InMemoryExampleDatabase
+    from hypothesis.errors import NoSuchExample
+
+    try:
+        from hypothesis.database import choices_to_bytes
+    except ImportError:  # not public API: a future Hypothesis may move it
+        return
+    database = InMemoryExampleDatabase()
+    key = b"racefuzz-shrink"
+    choices = failing[:1] if strategy == "none" else failing
+    database.save(key + b".secondary", choices_to_bytes(choices))
+    shrink_settings = settings(_settings(1000, shrink=True), database=database, phases=[Phase.reuse, Phase.shrink])
+    with contextlib.suppress(NoSuchExample):
+        find(pair, fails, settings=shrink_settings, database_key=key)
 
 
 def _shrink_unordered(design: Design, witness: Workload, strategy, seed: int) -> Outcome:

@@ -3,10 +3,10 @@
 `racefuzz bench gpu` (needs a CUDA GPU; `BackendUnavailable`, exit 2, without one).
 
 Examples per second: `search` on the CUDA backend, as `racefuzz run --backend cuda` runs an example:
-Hypothesis draws a batch of workloads and schedules from the default distributions (up to 8 requests, up
-to 4 delays of 0.3 to 5.4 ms), the scenario builds each program, the backend stages, uploads, issues and
-reads back, and both oracles judge; example i+1 is built, judged ahead and prepared while the GPU runs
-example i (`search`'s `batch`, DEFAULT_GPU_BATCH examples per Hypothesis example). Design
+Hypothesis draws workloads and schedules from the default distributions (up to 8 requests, up to 4
+delays of 0.3 to 5.4 ms), DEFAULT_GPU_BATCH examples per Hypothesis example (`search`'s `batch`), the
+scenario builds each program, the backend stages, uploads, issues and reads back, and both oracles judge;
+example i+1 is drawn, built, judged ahead and prepared while the GPU runs example i. Design
 `war-after-launch` under all hazards: race-free, so every example runs to the end instead of stopping at
 a race (k=5 as on the CLI; nothing re-runs since nothing corrupts), no shrinking. Rows for 1-8
 iterations (`racefuzz run`'s default) and exactly 8 (the scenario benchmark's "default workload"), each
