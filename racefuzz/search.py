@@ -304,9 +304,10 @@ def search(
         device runs example i (with a PreparingExecutor)."""
         in_flight: tuple[_Example, StartedRun | None] | None = None
         for _ in range(batch):
+            drawn = draw()  # every member is drawn: Hypothesis requires the same draws from the same choices
             if not shrinking[0] and counts["examples"] + (in_flight is not None) >= examples:
-                break  # the last batch stops at the example budget
-            example = build(*draw())
+                continue  # the last batch stops running at the example budget
+            example = build(*drawn)
             prepared = prepare(example.program, example.schedule) if prepare is not None else None
             if in_flight is not None:
                 settle(*in_flight)
