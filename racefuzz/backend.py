@@ -18,7 +18,8 @@ Executor = Callable[[Program, Schedule], Execution]
 
 
 class StartedRun(Protocol):
-    """A run whose ops are all issued; the device may still be running it."""
+    """A run whose ops are all issued; the device may still be running it. It may also have `done()`,
+    which says without blocking whether the device has finished it (without, it counts as finished)."""
 
     def finish(self) -> Execution: ...
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -33,7 +34,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from racefuzz.backend import Executor, StartedRun
+from racefuzz.backend import Executor, PreparedRun, StartedRun
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import Race, find_races
@@ -151,6 +152,8 @@ class _Unordered(Exception):
 
 
 DEFAULT_GPU_BATCH = 16
+LOOKAHEAD = 3
+"""Members of a batch drawn ahead of the one running: how much host work a search can bank during a long run."""
 """Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
 
 DEFAULT_GPU_REPEAT = 5
@@ -300,20 +303,49 @@ def search(
             first.setdefault("seconds", time.perf_counter() - start)
 
     def run_batch(draw: Callable[[], tuple[bytes, bytes]]) -> None:
-        """Draw, build and run up to `batch` examples; example i+1 is drawn, built and prepared while the
-        device runs example i (with a PreparingExecutor)."""
+        """Draw, build and run up to `batch` examples in order, keeping the device busy.
+
+        Members are drawn at fixed points -- LOOKAHEAD up front, one more each time a run starts -- so the
+        draws depend on the choices alone, as Hypothesis requires. Building and preparing (host work) go
+        on whenever a drawn member waits and the device is still running: the host works ahead during
+        long runs and spends that work on short ones. Without a PreparingExecutor, one run at a time.
+        """
+        runnable = batch if shrinking[0] else min(batch, examples - counts["examples"])  # the budget
+        draws_left = batch  # every member is drawn, even past the budget: the same draws from the same choices
+        drawn: deque[tuple[bytes, bytes]] = deque()
+        built: deque[_Example] = deque()
+        ready: deque[tuple[_Example, PreparedRun | None]] = deque()
         in_flight: tuple[_Example, StartedRun | None] | None = None
-        for _ in range(batch):
-            drawn = draw()  # every member is drawn: Hypothesis requires the same draws from the same choices
-            if not shrinking[0] and counts["examples"] + (in_flight is not None) >= examples:
-                continue  # the last batch stops running at the example budget
-            example = build(*drawn)
-            prepared = prepare(example.program, example.schedule) if prepare is not None else None
-            if in_flight is not None:
+
+        def draw_next() -> None:
+            nonlocal draws_left
+            if draws_left:
+                draws_left -= 1
+                drawn.append(draw())
+
+        for _ in range(LOOKAHEAD):
+            draw_next()
+        while True:
+            if in_flight is None:
+                if ready:
+                    example, prepared = ready.popleft()
+                    in_flight = (example, prepared.start() if prepared is not None else None)
+                    draw_next()
+                    continue
+            elif not (built or (drawn and runnable)) or _finished(in_flight[1]):
                 settle(*in_flight)
-            in_flight = (example, prepared.start() if prepared is not None else None)
-        if in_flight is not None:
-            settle(*in_flight)
+                in_flight = None
+                continue
+            if built:  # host work, one step at a time so that a finished run is noticed soon
+                example = built.popleft()
+                ready.append((example, prepare(example.program, example.schedule) if prepare is not None else None))
+            elif drawn and runnable:
+                runnable -= 1
+                built.append(build(*drawn.popleft()))
+            else:
+                break
+        while draws_left:
+            draw_next()
 
     # Each example is two byte strings, decoded here: one binary() draw each (a third of the cost of
     # drawing the fields). One Hypothesis example runs `batch` examples: a batch pays Hypothesis' own
@@ -410,6 +442,14 @@ COLLECT_EVERY = 2000
 GPU_MIN_DELAY_US = 300.0
 """The shortest random delay on the GPU: far above real launch (~10 us) and kernel costs, so that a
 counterexample's verdict does not hang on them (see `search`)."""
+
+
+def _finished(started: StartedRun | None) -> bool:
+    """Whether a started run has nothing left on the device (a run without `done` is treated as finished)."""
+    if started is None:
+        return True
+    done = getattr(started, "done", None)
+    return done is None or bool(done())
 
 
 def _reproduces(outcome: Outcome, run: Executor, repeat: int) -> bool:

@@ -737,8 +737,15 @@ class StartedRun:
         self._t0, self._origin, self._marks, self._host_spans = t0, origin, marks, host_spans
         self._execution: Execution | None = None
 
+    def done(self) -> bool:
+        """Whether every stream of the run has finished its work (non-blocking)."""
+        return self._execution is not None or all(stream.query() for stream in self.bound.streams)
+
     def finish(self) -> Execution:
-        """Synchronize the device and return the run's `Execution` (see `execute`); idempotent."""
+        """Synchronize the device and return the run's `Execution` (see `execute`); idempotent.
+
+        `host_end_us` is taken here: a caller that finishes late (a batched search working ahead) gets the
+        later time."""
         if self._execution is None:
             with self._torch.cuda.device(self._config.device):
                 self._execution = self._collect()

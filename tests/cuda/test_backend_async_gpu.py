@@ -72,8 +72,10 @@ def test_preparing_the_next_run_neither_waits_for_nor_disturbs_the_running_one()
         tails.append(event)
     prepared = cuda.prepare(next_program, NO_DELAYS)
     still_running = not all(event.query() for event in tails)
+    reported_busy = not running.done()
     execution = running.finish()
     assert still_running, "prepare() waited for the run in flight (it must not synchronize the device)"
+    assert reported_busy and running.done(), "done() is False while the run's streams work, True once finished"
     assert _equal(execution.observations, expected_observations(running_program))
     assert _equal(prepared.start().finish().observations, expected_observations(next_program))
 

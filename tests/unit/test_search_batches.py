@@ -7,7 +7,7 @@ and logs every call, so the ordering contract and the verdicts are checked witho
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -16,16 +16,21 @@ from racefuzz.backend import executor
 from racefuzz.designs import load_design
 from racefuzz.program import Program
 from racefuzz.schedule import Schedule
-from racefuzz.search import search
+from racefuzz.search import LOOKAHEAD, search
 from racefuzz.sim import Execution, simulate
 
 
 class LoggingSim:
-    """The simulator as a `PreparingExecutor`; `log` records (call, run number) in call order."""
+    """The simulator as a `PreparingExecutor`; `log` records (call, run number) in call order.
 
-    def __init__(self) -> None:
+    A started run reports itself busy (`done()` False) for `busy_polls(run number)` polls, standing in for
+    a device that is still running it: long runs let the search work ahead, short ones spend that work.
+    """
+
+    def __init__(self, busy_polls: Callable[[int], int] = lambda number: 2) -> None:
         self.log: list[tuple[str, int]] = []
         self.runs = 0
+        self.busy_polls = busy_polls
 
     def __call__(self, program: Program, schedule: Schedule) -> Execution:
         self.log.append(("run", -1))
@@ -43,29 +48,32 @@ class Prepared:
 
     def start(self) -> Started:
         self.owner.log.append(("start", self.number))
-        return Started(self.owner, self.number, simulate(self.program, self.schedule, record_timeline=False))
-
-    # The search must not finish a run twice or start one twice; nothing else is needed here.
+        execution = simulate(self.program, self.schedule, record_timeline=False)
+        return Started(self.owner, self.number, execution, self.owner.busy_polls(self.number))
 
 
 class Started:
-    def __init__(self, owner: LoggingSim, number: int, execution: Execution) -> None:
-        self.owner, self.number, self.execution = owner, number, execution
+    def __init__(self, owner: LoggingSim, number: int, execution: Execution, busy_polls: int) -> None:
+        self.owner, self.number, self.execution, self.busy_polls = owner, number, execution, busy_polls
+
+    def done(self) -> bool:
+        self.busy_polls -= 1
+        return self.busy_polls < 0
 
     def finish(self) -> Execution:
         self.owner.log.append(("finish", self.number))
         return self.execution
 
 
-def test_batched_search_prepares_the_next_example_before_finishing_the_running_one() -> None:
-    sim = LoggingSim()
-    result = search(load_design("war-after-launch"), sim, examples=37, batch=8, shrink=False)
-    assert not result.found and result.examples == 37  # the last batch stops at the budget
-    steps = [step for step in sim.log if step[0] != "run"]
+def _check_contract(log: list[tuple[str, int]]) -> list[int]:
+    """Assert the PreparingExecutor contract on a log; return, for each prepare made while a run was on
+    the device, how many members ahead of that run it was."""
+    steps = [step for step in log if step[0] != "run"]
     started = [n for call, n in steps if call == "start"]
     finished = [n for call, n in steps if call == "finish"]
-    assert started == finished == list(range(1, 38)), "every run starts and finishes exactly once, in order"
-    running = None
+    # Prepared members are numbered in order; those prepared after a failure are never started.
+    assert started == finished == sorted(set(started)), "each run starts and finishes once, in order"
+    running, ahead = None, []
     for call, n in steps:
         if call == "start":
             assert running is None, f"run {n} started while run {running} was unfinished"
@@ -74,9 +82,30 @@ def test_batched_search_prepares_the_next_example_before_finishing_the_running_o
             assert running == n
             running = None
         elif call == "prepare" and running is not None:
-            assert n == running + 1  # the overlap: the next example is prepared while this one runs
-    overlapped = sum(1 for (a, _), (b, _) in itertools.pairwise(steps) if a == "start" and b == "prepare")
-    assert overlapped >= 37 - 5, "within a batch every example but the first is prepared during the previous run"
+            assert running < n <= running + LOOKAHEAD, "the search works at most LOOKAHEAD members ahead"
+            ahead.append(n - running)
+    return ahead
+
+
+def test_a_batched_search_works_ahead_while_a_run_is_on_the_device_and_keeps_the_budget() -> None:
+    sim = LoggingSim(busy_polls=lambda number: 8 if number % 5 == 0 else 2)  # long runs, and runs just long enough
+    result = search(load_design("war-after-launch"), sim, examples=37, batch=8, shrink=False)
+    assert not result.found and result.examples == 37  # the last batch stops at the budget
+    ahead = _check_contract(sim.log)
+    assert len(ahead) >= 37 - 5, "every member but a batch's first is prepared while another member runs"
+    assert max(ahead) == LOOKAHEAD, "a long run lets the search prepare LOOKAHEAD members ahead"
+
+
+def test_what_a_batched_search_draws_does_not_depend_on_how_long_runs_take() -> None:
+    # Draws must be a function of Hypothesis' choices alone; only the host's working ahead may vary.
+    def summary(busy: Callable[[int], int]) -> tuple[object, ...]:
+        sim = LoggingSim(busy_polls=busy)
+        result = search(load_design("global-war"), sim, examples=300, seed=5, batch=16)
+        _check_contract(sim.log)
+        c = result.counterexample
+        return (result.examples, result.first_manifested_example, c.workload, c.schedule)
+
+    assert summary(lambda n: 0) == summary(lambda n: 50) == summary(lambda n: n % 7)
 
 
 @pytest.mark.parametrize("design", ["none", "global-war"])
