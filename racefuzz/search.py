@@ -332,7 +332,7 @@ def search(
                     in_flight = (example, prepared.start() if prepared is not None else None)
                     draw_next()
                     continue
-            elif not (built or (drawn and runnable)) or _finished(in_flight[1]):
+            elif not (built or (drawn and runnable)) or _finished(in_flight[1], len(ready)):
                 settle(*in_flight)
                 in_flight = None
                 continue
@@ -444,12 +444,13 @@ GPU_MIN_DELAY_US = 300.0
 counterexample's verdict does not hang on them (see `search`)."""
 
 
-def _finished(started: StartedRun | None) -> bool:
-    """Whether a started run has nothing left on the device (a run without `done` is treated as finished)."""
+def _finished(started: StartedRun | None, prepared_ahead: int) -> bool:
+    """Whether to wait for `started` now: the device has finished it, or -- for a run without `done()`,
+    which cannot say -- the next member is already prepared."""
     if started is None:
         return True
     done = getattr(started, "done", None)
-    return done is None or bool(done())
+    return prepared_ahead > 0 if done is None else bool(done())
 
 
 def _reproduces(outcome: Outcome, run: Executor, repeat: int) -> bool:

@@ -26,8 +26,8 @@ the replay demonstrably ran the same kernels to completion.
 Two ratios, both over that replay's wall time:
 * end-to-end: the search's wall time (Hypothesis, program build, the backend, both oracles);
 * backend: the host time spent inside the CUDA backend (`prepare`: stage and upload; `start`: issue, with
-  the program's own host delays and syncs; `finish`: wait for the GPU and read back; `execute` for k/k
-  re-runs).
+  the program's own host delays and syncs; `done`: the non-blocking polls of a running run; `finish`: wait
+  for the GPU and read back; `execute` for k/k re-runs).
 The per-example breakdown of the median run: the backend's parts, of which the wait in `finish` (the GPU
 still running after the last issue: the time the overlap can use), and the host work outside the
 backend (Hypothesis's draw, decode, program build, both oracles), with the oracles and staging
@@ -188,7 +188,7 @@ class RecordingExecutor:
 
         self._cuda = cuda
         self.recorded: Recorded = []
-        self.seconds = {"prepare": 0.0, "start": 0.0, "finish": 0.0, "execute": 0.0}
+        self.seconds = {"prepare": 0.0, "start": 0.0, "done": 0.0, "finish": 0.0, "execute": 0.0}
         if overlap:
             self.prepare = self._prepare
 
@@ -221,6 +221,12 @@ class _TimedPrepared:
 class _TimedStarted:
     def __init__(self, owner: RecordingExecutor, started: Any) -> None:
         self.owner, self.started = owner, started
+
+    def done(self) -> bool:
+        start = time.perf_counter()
+        done = self.started.done()
+        self.owner.seconds["done"] += time.perf_counter() - start
+        return done
 
     def finish(self) -> Execution:
         start = time.perf_counter()
@@ -297,6 +303,7 @@ def _breakdown(recorded: Recorded, figures: dict[str, Any]) -> dict[str, float]:
         "backend_us": per_example(figures["backend_s"]),
         "backend_prepare_us": per_example(parts["prepare"]),
         "backend_start_us": per_example(parts["start"]),
+        "backend_done_us": per_example(parts["done"]),
         "backend_finish_us": per_example(parts["finish"]),
         "backend_execute_us": per_example(parts["execute"]),
         "of_which_stage_us": round(_per_example_us(lambda p, s: cuda.stage(p, s, catalog), recorded), 1),
@@ -406,7 +413,8 @@ def render(results: dict[str, Any]) -> str:
         b = row["breakdown_of_median_run"]
         lines.append(
             f"    per example (seed {b['seed']}): search {b['search_us']:.0f} us = backend {b['backend_us']:.0f} "
-            f"(prepare {b['backend_prepare_us']:.0f}, start {b['backend_start_us']:.0f}, finish "
+            f"(prepare {b['backend_prepare_us']:.0f}, start {b['backend_start_us']:.0f}, done? "
+            f"{b.get('backend_done_us', 0):.0f}, finish "
             f"{b['backend_finish_us']:.0f}, execute {b['backend_execute_us']:.0f}; staging alone "
             f"{b['of_which_stage_us']:.0f}) + outside the backend {b['outside_backend_us']:.0f} (Hypothesis, decode, "
             f"build, sequential-reference oracle {b['sequential_reference_oracle_us']:.0f}, happens-before oracle "
