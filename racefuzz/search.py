@@ -151,7 +151,7 @@ class _Unordered(Exception):
     """Raised inside the second search when a workload has an unordered conflicting pair."""
 
 
-DEFAULT_GPU_BATCH = 16
+DEFAULT_GPU_BATCH = 32
 LOOKAHEAD = 3
 """Members of a batch drawn ahead of the one running: how much host work a search can bank during a long run."""
 """Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
