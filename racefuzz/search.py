@@ -153,6 +153,8 @@ class _Unordered(Exception):
 
 DEFAULT_GPU_BATCH = 32
 LOOKAHEAD = 3
+MAX_BUILT = 4096
+"""Programs a search keeps for workloads it draws again (it forgets them all when it has this many)."""
 """Members of a batch drawn ahead of the one running: how much host work a search can bank during a long run."""
 """Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
 
@@ -248,6 +250,8 @@ def search(
 
     prepare = getattr(run, "prepare", None)  # a PreparingExecutor overlaps our host work with the device
 
+    programs: dict[Workload, list] = {}  # workload -> [program, reference loads, happens-before verdict or None]
+
     def build(workload_data: bytes, schedule_data: bytes) -> _Example:
         """Decode and build one example, with what its verdict needs that does not depend on the run."""
         workload = decode_workload(
@@ -257,11 +261,21 @@ def search(
             plan_stream=plan_stream,
             fixed_iterations=fixed_iterations,
         )
-        program = build_program(workload, design.hooks)
+        # Hypothesis draws the same workload again and again (about 70% of a GPU search's examples repeat
+        # one, under different schedules); its program, reference loads and happens-before verdict depend
+        # on the workload alone (designs are deterministic, as replay already requires), so they are
+        # built once.
+        known = programs.get(workload)
+        if known is None:
+            if len(programs) >= MAX_BUILT:
+                programs.clear()
+            program = build_program(workload, design.hooks)
+            known = programs[workload] = [program, expected_observations(program), None]
+        program, expected, racy = known
         schedule = decode(schedule_data, program)
-        # The happens-before verdict only counts while exploring (a shrink replays known examples).
-        racy = not shrinking[0] and bool(program.violations or find_races(program))
-        expected = expected_observations(program)
+        if racy is None and not shrinking[0]:  # the verdict only counts while exploring
+            racy = known[2] = bool(program.violations or find_races(program))
+        racy = bool(racy) and not shrinking[0]
         return _Example((workload_data, schedule_data), workload, program, schedule, expected, racy)
 
     def settle(example: _Example, started: StartedRun | None) -> None:
