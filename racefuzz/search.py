@@ -249,6 +249,8 @@ def search(
     shrinking = [False]
     failing_key: list[tuple[bytes, bytes]] = []
     first_failure: list[Outcome] = []
+    drawn_count = [0]  # members drawn so far in the current batch
+    failing_draws = [0]  # members the failing batch drew
 
     prepare = getattr(run, "prepare", None)  # a PreparingExecutor overlaps our host work with the device
 
@@ -339,6 +341,7 @@ def search(
             nonlocal draws_left
             if draws_left:
                 draws_left -= 1
+                drawn_count[0] = batch - draws_left
                 drawn.append(draw())
 
         for _ in range(LOOKAHEAD):
@@ -384,7 +387,18 @@ def search(
             run_batch(lambda: drawn)
         else:
             assert isinstance(drawn, st.DataObject)
-            run_batch(lambda: drawn.draw(pair))
+            if shrinking[0]:
+                # Hypothesis' replay of the failing batch. Its failure is recorded, k of k; run again on a
+                # GPU it could come out otherwise and change the draws, which Hypothesis forbids. So: the
+                # same draws, the same verdict, nothing run.
+                for _ in range(failing_draws[0]):
+                    drawn.draw(pair)
+                raise _Manifested
+            try:
+                run_batch(lambda: drawn.draw(pair))
+            except _Manifested:
+                failing_draws[0] = drawn_count[0]
+                raise
 
     # A shrink candidate (or Hypothesis' final replay) that failed k/k once and then not is GPU timing on
     # the edge: Hypothesis calls it flaky. The failure first found, which reproduced k/k, stands instead;
