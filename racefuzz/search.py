@@ -331,18 +331,30 @@ def search(
         long runs and spends that work on short ones. Without a PreparingExecutor, one run at a time.
         """
         runnable = batch if shrinking[0] else min(batch, examples - counts["examples"])  # the budget
-        draws_left = batch  # every member is drawn, even past the budget: the same draws from the same choices
+        draws_left = 2 * batch  # every member is drawn, even past the budget: the same draws from the same choices
+        drawn_count[0] = 0
         drawn: deque[tuple[bytes, bytes]] = deque()
         built: deque[_Example] = deque()
         ready: deque[tuple[_Example, PreparedRun | None]] = deque()
         in_flight: tuple[_Example, StartedRun | None] | None = None
 
+        seen: set[tuple[bytes, bytes]] = set()
+        members_left = batch
+
         def draw_next() -> None:
-            nonlocal draws_left
-            if draws_left:
+            # A member equal to an earlier one of the batch is drawn again (at most `batch` extra draws a
+            # batch) and not run: Hypothesis' first example is all zeros, one trivial example `batch` times
+            # over, and its mutations copy draws within a test case (about one member in nine).
+            nonlocal draws_left, members_left
+            while draws_left and members_left:
                 draws_left -= 1
-                drawn_count[0] = batch - draws_left
-                drawn.append(draw())
+                drawn_count[0] += 1
+                member = draw()
+                if member not in seen:
+                    seen.add(member)
+                    members_left -= 1
+                    drawn.append(member)
+                    return
 
         for _ in range(LOOKAHEAD):
             draw_next()
@@ -365,7 +377,7 @@ def search(
                 built.append(build(*drawn.popleft()))
             else:
                 break
-        while draws_left:
+        while draws_left and members_left:
             draw_next()
 
     # Each example is two byte strings, decoded here: one binary() draw each (a third of the cost of
@@ -379,7 +391,7 @@ def search(
     # the shrinker tried on them (10x the runs, measured on the simulator). Its failing member is shrunk
     # alone instead, by `_shrink_alone`.
     @hypothesis_seed(seed)
-    @_settings(-(-examples // batch), shrink=shrink and batch == 1)
+    @_settings(-(-examples // batch) + (batch > 1), shrink=shrink and batch == 1)  # +1: the all-zeros batch
     @given(pair if batch == 1 else st.data())
     def manifest(drawn: tuple[bytes, bytes] | st.DataObject) -> None:
         if batch == 1:
