@@ -153,11 +153,13 @@ class _Unordered(Exception):
 
 
 DEFAULT_GPU_BATCH = 32
+"""Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
+
 LOOKAHEAD = 3
+"""Members of a batch drawn ahead of the one running: how much host work a search can bank during a long run."""
+
 MAX_BUILT = 4096
 """Programs a search keeps for workloads it draws again (it forgets them all when it has this many)."""
-"""Members of a batch drawn ahead of the one running: how much host work a search can bank during a long run."""
-"""Examples per Hypothesis example on the GPU, unless `batch` says otherwise (see `search`)."""
 
 DEFAULT_GPU_REPEAT = 5
 """k of k: how many runs a manifested race must reproduce in on the GPU, unless `repeat` says otherwise."""
