@@ -31,6 +31,8 @@ buffer); every call's argument tuple is built before the first op. Then the ops 
 order, the device is synchronized, and the observation slots alone are copied back. A re-run of the same
 (program, schedule) objects -- the k-of-k reproduction of a search -- reuses the staging, the device
 array (re-uploaded, which resets the tables and slots) and the argument tuples of the previous run.
+`prepare(p, s).start().finish()` is the same run split in three (`CudaExecutor`, a `PreparingExecutor`):
+a search stages and uploads the next example while the GPU still runs this one.
 
 Delays are microseconds in the schedule; the kernels spin on `%globaltimer`, the GPU's nanosecond wall
 clock, so a delay is passed as nanoseconds and needs no calibration. (An earlier version counted
