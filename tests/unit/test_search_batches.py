@@ -115,7 +115,7 @@ def test_a_batched_search_finds_the_race_the_unbatched_one_finds(design: str) ->
     batched = search(load_design(design), LoggingSim(), examples=300, seed=3, batch=8)
     assert one.found and batched.found
     assert batched.counterexample.oracle == one.counterexample.oracle == "corruption"
-    # Hypothesis shrank the batch and racefuzz.minimize the structure: as small as the unbatched result.
+    # Hypothesis shrank the failing member alone, racefuzz.minimize the structure: as small as unbatched.
     for result in (one, batched):
         c = result.counterexample
         assert len(c.workload.requests) <= 2 and c.workload.iterations <= 3
