@@ -25,7 +25,9 @@ from racefuzz.program import (
     CellRange,
     DeviceSync,
     EventSync,
+    HostDelay,
     Launch,
+    OpVisitor,
     Program,
     Record,
     StreamSync,
@@ -83,6 +85,13 @@ class Race:
             tuple(str(cells) for cells in self.cells),
         )
 
+    def __str__(self) -> str:
+        """One line: `WAR op #27 draft_metadata (forward_stream) -> op #36 post_launch_rewrite (schedule_stream)
+        on req_to_token[1, 0:1]` (kind, both launches with kernel and stream, the shared cells)."""
+        a, b = self.first, self.second
+        cells = ", ".join(str(c) for c in self.cells)
+        return f"{self.kind} op #{a.index} {a.kernel} ({a.stream}) -> op #{b.index} {b.kernel} ({b.stream}) on {cells}"
+
     def missing_edge(self) -> str:
         """The ordering edge that would remove this race, in plain words."""
         a, b = self.first, self.second
@@ -111,54 +120,80 @@ def _overlaps(left: tuple[CellRange, ...], right: tuple[CellRange, ...]) -> tupl
 
 def find_races(program: Program) -> list[Race]:
     """Every conflicting, unordered pair of launches of `program`, in the order the second was issued."""
-    n = len(program.streams)
-    clock = [[0] * n for _ in range(n)]
-    event_clock: list[list[int] | None] = [None] * len(program.events)
-    # Per stream: its launches in order; launch k (0-based) has sequence number k + 1.
-    history: list[list[Launch]] = [[] for _ in range(n)]
-    races: list[Race] = []
+    clocks = _Clocks(len(program.streams), len(program.events))
+    clocks.visit_all(program.ops)
+    races = clocks.races
+    races.sort(key=lambda race: (race.second.index, race.first.index))
+    return races
 
-    def join_all(other: list[int]) -> None:
-        for row in clock:
+
+class _Clocks(OpVisitor[None]):
+    """The vector clocks of the module doc, advanced by one op at a time; `races` collects what launches find.
+
+    `clock[s][t]`: how many of stream t's launches stream s is ordered after. `event_clock[e]`: the clock
+    of e's latest record (None: never recorded). `history[s]`: stream s's launches in order; launch k
+    (0-based) has sequence number k + 1.
+    """
+
+    __slots__ = ("clock", "event_clock", "history", "n", "races")
+
+    def __init__(self, streams: int, events: int) -> None:
+        self.n = streams
+        self.clock = [[0] * streams for _ in range(streams)]
+        self.event_clock: list[list[int] | None] = [None] * events
+        self.history: list[list[Launch]] = [[] for _ in range(streams)]
+        self.races: list[Race] = []
+
+    def _join_all(self, other: list[int]) -> None:
+        """A host sync: everything enqueued after it, on any stream, is ordered after `other`."""
+        n = self.n
+        for row in self.clock:
             for t in range(n):
                 if other[t] > row[t]:
                     row[t] = other[t]
 
-    for op in program.ops:
-        if isinstance(op, Launch):
-            s = op.stream.id
-            mine = clock[s]
-            mine[s] += 1
-            for t in range(n):
-                if t == s:
-                    continue
-                launches = history[t]
-                seen = mine[t]
-                for k in range(len(launches) - 1, seen - 1, -1):
-                    other = launches[k]
-                    # Cheap rejections first: most in-flight pairs are read/read or touch other cells.
-                    if (other.writes or op.writes) and _touch(other, op):
-                        races.extend(_conflicts(other, op, launches[seen - 1] if seen else None))
-            history[s].append(op)
-        elif isinstance(op, Record):
-            event_clock[op.event.id] = list(clock[op.stream.id])
-        elif isinstance(op, WaitEvent):
-            recorded = event_clock[op.event.id]
-            if recorded is not None:
-                _join(clock[op.stream.id], recorded)
-        elif isinstance(op, WaitStream):
-            _join(clock[op.stream.id], clock[op.other.id])
-        elif isinstance(op, EventSync):
-            recorded = event_clock[op.event.id]
-            if recorded is not None:
-                join_all(recorded)
-        elif isinstance(op, StreamSync):
-            join_all(list(clock[op.stream.id]))
-        elif isinstance(op, DeviceSync):
-            drained = [clock[t][t] for t in range(n)]
-            join_all(drained)
-    races.sort(key=lambda race: (race.second.index, race.first.index))
-    return races
+    def visit_launch(self, op: Launch) -> None:
+        s = op.stream.id
+        mine = self.clock[s]
+        mine[s] += 1
+        history, races = self.history, self.races
+        for t in range(self.n):
+            if t == s:
+                continue
+            launches = history[t]
+            seen = mine[t]
+            for k in range(len(launches) - 1, seen - 1, -1):
+                other = launches[k]
+                # Cheap rejections first: most in-flight pairs are read/read or touch other cells.
+                if (other.writes or op.writes) and _touch(other, op):
+                    races.extend(_conflicts(other, op, launches[seen - 1] if seen else None))
+        history[s].append(op)
+
+    def visit_record(self, op: Record) -> None:
+        self.event_clock[op.event.id] = list(self.clock[op.stream.id])
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        recorded = self.event_clock[op.event.id]
+        if recorded is not None:
+            _join(self.clock[op.stream.id], recorded)
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        _join(self.clock[op.stream.id], self.clock[op.other.id])
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        recorded = self.event_clock[op.event.id]
+        if recorded is not None:
+            self._join_all(recorded)
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        self._join_all(list(self.clock[op.stream.id]))
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        clock = self.clock
+        self._join_all([clock[t][t] for t in range(self.n)])
+
+    def visit_host_delay(self, op: HostDelay) -> None:
+        """Host work orders nothing."""
 
 
 def _touch(a: Launch, b: Launch) -> bool:

@@ -12,10 +12,11 @@ tensor are told apart from disjoint ones (PyTorch's CSAN keys accesses by `data_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple, NewType
+from typing import Any, ClassVar, Generic, NamedTuple, NewType, TypeVar, get_args
 
 import numpy as np
 
@@ -220,6 +221,98 @@ class HostDelay(NamedTuple):
 Op = Launch | Record | WaitEvent | WaitStream | EventSync | StreamSync | DeviceSync | HostDelay
 StreamOp = (Launch, Record, WaitEvent, WaitStream)
 """Op types that are enqueued on a stream (and so can be preceded by an injected spin on it)."""
+
+OP_TYPES: tuple[type, ...] = get_args(Op)
+"""Every op type of the IR, in the order of `Op`."""
+
+
+def _method_name(op_type: type) -> str:
+    """`WaitEvent` -> `visit_wait_event`: the `OpVisitor` method that handles `op_type`."""
+    return "visit_" + re.sub(r"(?<!^)(?=[A-Z])", "_", op_type.__name__).lower()
+
+
+OP_METHODS: Mapping[type, str] = MappingProxyType({op_type: _method_name(op_type) for op_type in OP_TYPES})
+"""The `OpVisitor` method name of every op type."""
+
+R = TypeVar("R")
+
+
+class OpVisitor(Generic[R]):
+    """The one dispatch over the op types: a subclass has one `visit_<op type>` method per type of `Op`.
+
+    A concrete subclass that lacks a method for some op type is refused when the class is defined (at
+    import), with the missing methods named: adding an op type to `Op` breaks every consumer that does not
+    handle it, instead of letting it skip the new op silently. An intermediate base that leaves methods to
+    its subclasses says so with `class Base(OpVisitor[R], partial=True)`.
+
+    `visit(op)` calls the method for `type(op)` through a type -> method table (exact types: ops are
+    NamedTuples and are not subclassed). A hot loop takes `dispatcher()` once, a type -> bound method
+    dict, and calls `dispatcher[type(op)](op)` per op.
+    """
+
+    _op_methods: ClassVar[dict[type, Callable[..., Any]]] = {}
+
+    def __init_subclass__(cls, partial: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if partial:
+            return
+        missing = missing_visit_methods(cls)
+        if missing:
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__} does not handle every op type: it lacks "
+                f"{', '.join(missing)} (an OpVisitor needs one visit_* method per type of racefuzz.program.Op)"
+            )
+        cls._op_methods = {op_type: getattr(cls, name) for op_type, name in OP_METHODS.items()}
+
+    def visit(self, op: Op) -> R:
+        """Call the method for `op`'s type and return what it returns."""
+        return self._op_methods[type(op)](self, op)
+
+    def visit_all(self, ops: Iterable[Op]) -> None:
+        """Visit every op in order, discarding the results."""
+        dispatch = self.dispatcher()
+        for op in ops:
+            dispatch[type(op)](op)
+
+    def dispatcher(self) -> dict[type, Callable[[Any], R]]:
+        """Op type -> this visitor's bound method for it: `dispatcher()[type(op)](op)` is `visit(op)`."""
+        return {op_type: getattr(self, name) for op_type, name in OP_METHODS.items()}
+
+    def visit_launch(self, op: Launch) -> R:
+        raise NotImplementedError
+
+    def visit_record(self, op: Record) -> R:
+        raise NotImplementedError
+
+    def visit_wait_event(self, op: WaitEvent) -> R:
+        raise NotImplementedError
+
+    def visit_wait_stream(self, op: WaitStream) -> R:
+        raise NotImplementedError
+
+    def visit_event_sync(self, op: EventSync) -> R:
+        raise NotImplementedError
+
+    def visit_stream_sync(self, op: StreamSync) -> R:
+        raise NotImplementedError
+
+    def visit_device_sync(self, op: DeviceSync) -> R:
+        raise NotImplementedError
+
+    def visit_host_delay(self, op: HostDelay) -> R:
+        raise NotImplementedError
+
+
+def missing_visit_methods(cls: type, op_types: Iterable[type] = OP_TYPES) -> list[str]:
+    """The `visit_*` methods that `cls` lacks for `op_types`: not defined, or only `OpVisitor`'s stub."""
+    missing = []
+    for op_type in op_types:
+        name = _method_name(op_type)
+        method = getattr(cls, name, None)
+        if method is None or method is OpVisitor.__dict__.get(name):
+            missing.append(name)
+    return missing
+
 
 
 @dataclass(frozen=True)

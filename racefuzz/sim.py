@@ -32,6 +32,7 @@ from racefuzz.program import (
     EventSync,
     HostDelay,
     Launch,
+    OpVisitor,
     Program,
     Record,
     StreamSync,
@@ -104,70 +105,123 @@ def simulate(
     """
     config = config or SimConfig()
     schedule.check_against(program)
-    device_delays, read_spins, host_delays = schedule.device_delays, schedule.read_spins, schedule.host_delays
-    launch_cost, kernel_cost = config.launch_cost_us, config.kernel_cost_us
-    names = [s.name for s in program.streams]
-    tail = [0.0] * len(program.streams)
-    record_done: list[float | None] = [None] * len(program.events)
-    host = 0.0
     spans: list[Span] = []
     # Appending spans is a third of the loop's cost; without a timeline they go to a list never read.
-    timeline = spans if record_timeline else _Discard()
-    access_time: dict[int, float] = {}
+    machine = _Machine(program, schedule, config, spans if record_timeline else _Discard())
+    host_delays = schedule.host_delays
+    dispatch = machine.dispatcher()
     for op in program.ops:
         index = op.index
         if index in host_delays:
             delay = host_delays[index]
-            timeline.append(Span(index, HOST, "host_delay", host, host + delay, "scheduled host delay"))
-            host += delay
-        if isinstance(op, Launch):
-            host += launch_cost
-            s = op.stream.id
-            if index in device_delays:
-                start = max(host, tail[s])
-                tail[s] = start + device_delays[index]
-                timeline.append(Span(index, names[s], "spin", start, tail[s], "injected delay"))
-            start = max(host, tail[s])
-            end = start + (kernel_cost if op.cost_us is None else op.cost_us) + read_spins.get(index, 0.0)
-            tail[s] = end
-            access_time[index] = end
-            timeline.append(Span(index, names[s], "kernel", start, end, op.kernel))
-        elif isinstance(op, (Record, WaitEvent, WaitStream)):
-            host += launch_cost
-            s = op.stream.id
-            if index in device_delays:
-                start = max(host, tail[s])
-                tail[s] = start + device_delays[index]
-                timeline.append(Span(index, names[s], "spin", start, tail[s], "injected delay"))
-            if isinstance(op, Record):
-                tail[s] = max(host, tail[s])
-                record_done[op.event.id] = tail[s]
-            elif isinstance(op, WaitEvent):
-                done = record_done[op.event.id]
-                if done is not None:
-                    tail[s] = max(tail[s], done)
-            else:
-                tail[s] = max(tail[s], tail[op.other.id])
-        elif isinstance(op, HostDelay):
-            timeline.append(Span(index, HOST, "host_delay", host, host + op.us, "host work"))
-            host += op.us
-        else:
-            if isinstance(op, EventSync):
-                done = record_done[op.event.id]
-                until = host if done is None else max(host, done)
-                label = f"{op.event}.synchronize()"
-            elif isinstance(op, StreamSync):
-                until = max(host, tail[op.stream.id])
-                label = f"{op.stream}.synchronize()"
-            else:
-                assert isinstance(op, DeviceSync)
-                until = max([host, *tail])
-                label = "device synchronize"
-            timeline.append(Span(index, HOST, "sync", host, until, label))
-            host = until
+            host = machine.host
+            machine.timeline.append(Span(index, HOST, "host_delay", host, host + delay, "scheduled host delay"))
+            machine.host = host + delay
+        dispatch[type(op)](op)
+    access_time = machine.access_time
     order = sorted(program.launches, key=lambda launch: (access_time[launch.index], launch.index))
     replay = replay_in_order(program, order, track_writers=track_writers)
-    return Execution(replay.observations, spans, max([host, *tail]), replay.writers, access_time)
+    return Execution(replay.observations, spans, max([machine.host, *machine.tail]), replay.writers, access_time)
+
+
+class _Machine(OpVisitor[None]):
+    """The simulated host and streams, advanced by one op at a time (the time model of the module doc).
+
+    `host` is the host clock, `tail[s]` the completion time of everything enqueued on stream s so far,
+    `record_done[e]` the completion time of the latest record of event e (None: never recorded).
+    """
+
+    __slots__ = (
+        "access_time",
+        "device_delays",
+        "host",
+        "kernel_cost",
+        "launch_cost",
+        "names",
+        "read_spins",
+        "record_done",
+        "tail",
+        "timeline",
+    )
+
+    def __init__(self, program: Program, schedule: Schedule, config: SimConfig, timeline: list[Span] | _Discard):
+        self.device_delays, self.read_spins = schedule.device_delays, schedule.read_spins
+        self.launch_cost, self.kernel_cost = config.launch_cost_us, config.kernel_cost_us
+        self.names = [s.name for s in program.streams]
+        self.tail = [0.0] * len(program.streams)
+        self.record_done: list[float | None] = [None] * len(program.events)
+        self.host = 0.0
+        self.timeline = timeline
+        self.access_time: dict[int, float] = {}
+
+    # The four stream ops repeat the enqueue (host launch cost, then the scheduled device delay as a spin on
+    # the stream) inline: this loop is the simulator's hot path, and a helper call costs a tenth of it.
+
+    def visit_launch(self, op: Launch) -> None:
+        index, s, tail = op.index, op.stream.id, self.tail
+        host = self.host = self.host + self.launch_cost
+        if index in self.device_delays:
+            start = max(host, tail[s])
+            tail[s] = start + self.device_delays[index]
+            self.timeline.append(Span(index, self.names[s], "spin", start, tail[s], "injected delay"))
+        start = tail[s]
+        if host > start:
+            start = host
+        end = start + (self.kernel_cost if op.cost_us is None else op.cost_us) + self.read_spins.get(index, 0.0)
+        tail[s] = end
+        self.access_time[index] = end
+        self.timeline.append(Span(index, self.names[s], "kernel", start, end, op.kernel))
+
+    def visit_record(self, op: Record) -> None:
+        index, s, tail = op.index, op.stream.id, self.tail
+        host = self.host = self.host + self.launch_cost
+        if index in self.device_delays:
+            start = max(host, tail[s])
+            tail[s] = start + self.device_delays[index]
+            self.timeline.append(Span(index, self.names[s], "spin", start, tail[s], "injected delay"))
+        tail[s] = max(host, tail[s])
+        self.record_done[op.event.id] = tail[s]
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        index, s, tail = op.index, op.stream.id, self.tail
+        host = self.host = self.host + self.launch_cost
+        if index in self.device_delays:
+            start = max(host, tail[s])
+            tail[s] = start + self.device_delays[index]
+            self.timeline.append(Span(index, self.names[s], "spin", start, tail[s], "injected delay"))
+        done = self.record_done[op.event.id]
+        if done is not None:
+            tail[s] = max(tail[s], done)
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        index, s, tail = op.index, op.stream.id, self.tail
+        host = self.host = self.host + self.launch_cost
+        if index in self.device_delays:
+            start = max(host, tail[s])
+            tail[s] = start + self.device_delays[index]
+            self.timeline.append(Span(index, self.names[s], "spin", start, tail[s], "injected delay"))
+        tail[s] = max(tail[s], tail[op.other.id])
+
+    def visit_host_delay(self, op: HostDelay) -> None:
+        host = self.host
+        self.timeline.append(Span(op.index, HOST, "host_delay", host, host + op.us, "host work"))
+        self.host = host + op.us
+
+    def _block_until(self, index: int, until: float, label: str) -> None:
+        """The host blocks in a sync until `until`."""
+        self.timeline.append(Span(index, HOST, "sync", self.host, until, label))
+        self.host = until
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        done = self.record_done[op.event.id]
+        until = self.host if done is None else max(self.host, done)
+        self._block_until(op.index, until, f"{op.event}.synchronize()")
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        self._block_until(op.index, max(self.host, self.tail[op.stream.id]), f"{op.stream}.synchronize()")
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        self._block_until(op.index, max([self.host, *self.tail]), "device synchronize")
 
 
 class _Discard:

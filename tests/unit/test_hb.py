@@ -107,3 +107,14 @@ def test_event_sync_orders_streams_that_never_waited() -> None:
     assert [(race.kind, race.first.kernel, race.second.kernel) for race in races] == [
         (RaceKind.WAW, "overalloc_write", "prefill_write")
     ]
+
+
+def test_a_race_reads_as_one_line() -> None:
+    device, (forward, schedule), table = _setup()
+    forward.launch("draft_metadata", reads=[table[1, 0:4], table[2, 0:4]])
+    schedule.launch("post_launch_rewrite", writes=[(table[1, 0:1], 4), (table[2, 2:3], 5)])
+    (race,) = find_races(device.finish())
+    assert str(race) == (
+        "WAR op #0 draft_metadata (forward_stream) -> op #1 post_launch_rewrite (schedule_stream) "
+        "on req_to_token[1, 0:1], req_to_token[2, 2:3]"
+    )
