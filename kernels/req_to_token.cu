@@ -13,7 +13,7 @@
 // where `offset` indexes the values (writers) or the observation buffer (readers), row-major.
 // One block per rectangle; its threads stride over the rectangle's cells.
 //
-// racefuzz/backends/cuda.py picks kernels by signature, so a new kernel only has to keep one of these:
+// racefuzz/backends/cuda/catalog.py picks kernels by signature, so a new kernel only has to keep one of these:
 //   writer: (int* table, int ld, const int* rects, const int* values)
 //   reader: (const int* table, int ld, const int* rects, int* observed, long long spin_ns)
 // A launch whose name is a writer (reader) here stores (loads) through it; any other name falls back to

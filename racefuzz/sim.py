@@ -22,11 +22,12 @@ The GPU kernels in `kernels/` follow the same shape: readers spin, then load; wr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
+# HOST, Execution and Span live in racefuzz.backends; they stay importable from here.
+from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
-from racefuzz.memory import Observations, replay_in_order
+from racefuzz.memory import replay_in_order
 from racefuzz.program import (
     DeviceSync,
     EventSync,
@@ -40,9 +41,6 @@ from racefuzz.program import (
     WaitStream,
 )
 from racefuzz.schedule import NO_DELAYS, Schedule
-
-HOST = "host"
-"""The track name of host-side spans in a timeline."""
 
 
 @dataclass(frozen=True)
@@ -62,32 +60,6 @@ class SimConfig:
             value = getattr(self, name)
             if not value >= 0:
                 raise InvalidArgument(f"SimConfig.{name} must be >= 0, got {value!r}")
-
-
-class Span(NamedTuple):
-    """One interval of a timeline: op `op_index` (or the spin before it) on `track`, [start_us, end_us)."""
-
-    op_index: int
-    track: str
-    kind: str
-    start_us: float
-    end_us: float
-    label: str
-
-
-@dataclass
-class Execution:
-    """The outcome of one run: what each reading launch loaded, and when everything happened.
-
-    `writers` (launch index -> which launch stored each loaded cell) is filled when asked for, to name
-    the writer that clobbered a read.
-    """
-
-    observations: Observations
-    timeline: list[Span]
-    host_end_us: float
-    writers: Observations | None = None
-    access_time_us: dict[int, float] = field(default_factory=dict)
 
 
 def simulate(

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from racefuzz.backends import cuda
 from racefuzz.designs import load_design
 from racefuzz.errors import BackendUnavailable
 from racefuzz.hb import find_races
@@ -55,6 +56,7 @@ from racefuzz.program import (
     EventSync,
     HostDelay,
     Launch,
+    OpVisitor,
     Program,
     Record,
     StreamSync,
@@ -90,6 +92,55 @@ def _versions() -> dict[str, str]:
     }
 
 
+class _Script(OpVisitor[None]):
+    """Appends, per op, the pre-bound calls a hand-written replay makes for it (see the module doc)."""
+
+    def __init__(
+        self, torch: Any, spin: Any, memory: cuda.BoundMemory, streams: list[Any], ext: list[Any], events: list[Any]
+    ) -> None:
+        self.torch, self.spin, self.memory = torch, spin, memory
+        self.streams, self.ext, self.events = streams, ext, events
+        self.block, self.one = (cuda.THREADS_PER_BLOCK,), (1,)
+        self.steps: list[Callable[[], object]] = []
+
+    def _spin_before(self, i: int, s: int) -> None:
+        if i in self.memory.spins:
+            spin = functools.partial(self.spin, self.one, self.one, self.memory.spins[i], stream=self.ext[s])
+            self.steps.append(spin)
+
+    def visit_launch(self, op: Launch) -> None:
+        i, s, steps = op.index, op.stream.id, self.steps
+        self._spin_before(i, s)
+        if i in self.memory.costs:
+            steps.append(functools.partial(self.spin, self.one, self.one, self.memory.costs[i], stream=self.ext[s]))
+        for kernel, grid, args in self.memory.launch_calls[i]:
+            steps.append(functools.partial(kernel, grid, self.block, args, stream=self.ext[s]))
+
+    def visit_record(self, op: Record) -> None:
+        self._spin_before(op.index, op.stream.id)
+        self.steps.append(functools.partial(self.events[op.event.id].record, self.streams[op.stream.id]))
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        self._spin_before(op.index, op.stream.id)
+        self.steps.append(functools.partial(self.streams[op.stream.id].wait_event, self.events[op.event.id]))
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        self._spin_before(op.index, op.stream.id)
+        self.steps.append(functools.partial(self.streams[op.stream.id].wait_stream, self.streams[op.other.id]))
+
+    def visit_host_delay(self, op: HostDelay) -> None:
+        self.steps.append(functools.partial(cuda.busy_wait_us, op.us))
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        self.steps.append(self.events[op.event.id].synchronize)
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        self.steps.append(self.streams[op.stream.id].synchronize)
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        self.steps.append(self.torch.cuda.synchronize)
+
+
 class PlainReplay:
     """The recorded kernel sequences, bound ahead of time, replayed by a hand-written loop (see module doc)."""
 
@@ -97,54 +148,28 @@ class PlainReplay:
         import cupy
         import torch
 
-        from racefuzz.backends import cuda
-
         self.torch = torch
         self.recorded = recorded
-        runtime = cuda._runtime(torch, cupy, 0)
-        spin = runtime.kernels[runtime.catalog.spin]
+        runtime = cuda.get_runtime(torch, cupy, 0)
         streams_needed = max((len(p.streams) for p, _ in recorded), default=0)
         taken = {torch.cuda.current_stream().cuda_stream}
         streams = cuda.draw_distinct_streams(streams_needed, torch.cuda.Stream, lambda s: s.cuda_stream, taken)
-        ext = [cuda._external_stream(cupy, s.cuda_stream, 0) for s in streams]
-        block, one = (cuda.THREADS_PER_BLOCK,), (1,)
+        ext = [runtime.external_stream(s.cuda_stream) for s in streams]
         self.scripts: list[list[Callable[[], object]]] = []
         self.memory: list[tuple[Any, Any]] = []  # (staging, device array) per example, for the check
         for program, schedule in recorded:
             staging = cuda.stage(program, schedule, runtime.catalog)
-            staged, _, launch_calls, spins, costs = cuda._bind_memory(torch, runtime, program, schedule, staging, 0)
+            memory = runtime.bind_memory(program, schedule, staging)
             events = [torch.cuda.Event() for _ in program.events]
-            steps: list[Callable[[], object]] = []
+            script = _Script(torch, runtime.spin_kernel, memory, streams, ext, events)
             for op in program.ops:
                 i = op.index
                 if i in schedule.host_delays:
-                    steps.append(functools.partial(cuda.busy_wait_us, schedule.host_delays[i]))
-                if isinstance(op, (Launch, Record, WaitEvent, WaitStream)):
-                    s = op.stream.id
-                    if i in spins:
-                        steps.append(functools.partial(spin, one, one, spins[i], stream=ext[s]))
-                    if isinstance(op, Launch):
-                        if i in costs:
-                            steps.append(functools.partial(spin, one, one, costs[i], stream=ext[s]))
-                        for kernel, grid, args in launch_calls[i]:
-                            steps.append(functools.partial(kernel, grid, block, args, stream=ext[s]))
-                    elif isinstance(op, Record):
-                        steps.append(functools.partial(events[op.event.id].record, streams[s]))
-                    elif isinstance(op, WaitEvent):
-                        steps.append(functools.partial(streams[s].wait_event, events[op.event.id]))
-                    else:
-                        steps.append(functools.partial(streams[s].wait_stream, streams[op.other.id]))
-                elif isinstance(op, HostDelay):
-                    steps.append(functools.partial(cuda.busy_wait_us, op.us))
-                elif isinstance(op, EventSync):
-                    steps.append(events[op.event.id].synchronize)
-                elif isinstance(op, StreamSync):
-                    steps.append(streams[op.stream.id].synchronize)
-                else:
-                    assert isinstance(op, DeviceSync)
-                    steps.append(torch.cuda.synchronize)
+                    script.steps.append(functools.partial(cuda.busy_wait_us, schedule.host_delays[i]))
+                script.visit(op)
+            steps = script.steps
             self.scripts.append(steps)
-            self.memory.append((staging, staged))
+            self.memory.append((staging, memory.staged))
         torch.cuda.synchronize()
 
     def run(self) -> float:
@@ -159,8 +184,6 @@ class PlainReplay:
 
     def corrupted_examples(self) -> int:
         """How many replayed examples loaded anything but the sequential reference (0 for a race-free design)."""
-        from racefuzz.backends import cuda
-
         bad = 0
         for (program, _), (staging, staged) in zip(self.recorded, self.memory, strict=True):
             base = staging.observed_base
@@ -184,9 +207,7 @@ class RecordingExecutor:
     """
 
     def __init__(self, overlap: bool) -> None:
-        from racefuzz.backends import cuda
-
-        self._cuda = cuda
+        self._executor = cuda.CudaExecutor()  # fresh: its re-run reuse starts empty, as each run's should
         self.recorded: Recorded = []
         self.seconds = {"prepare": 0.0, "start": 0.0, "done": 0.0, "finish": 0.0, "execute": 0.0}
         if overlap:
@@ -194,14 +215,14 @@ class RecordingExecutor:
 
     def __call__(self, program: Program, schedule: Schedule) -> Execution:
         start = time.perf_counter()
-        execution = self._cuda.execute(program, schedule)
+        execution = self._executor(program, schedule)
         self.seconds["execute"] += time.perf_counter() - start
         self.recorded.append((program, schedule))
         return execution
 
     def _prepare(self, program: Program, schedule: Schedule) -> _TimedPrepared:
         start = time.perf_counter()
-        prepared = self._cuda.prepare(program, schedule)
+        prepared = self._executor.prepare(program, schedule)
         self.seconds["prepare"] += time.perf_counter() - start
         return _TimedPrepared(self, prepared)
 
@@ -237,10 +258,7 @@ class _TimedStarted:
 
 def _one_run(examples: int, seed: int, fixed: bool, batch: int, overlap: bool) -> tuple[dict[str, Any], Recorded]:
     """One timed search, then the plain replay of what it ran; (figures, recorded programs)."""
-    from racefuzz.backends import cuda
-
     run = RecordingExecutor(overlap)
-    cuda.forget_cached_run()
     start = time.perf_counter()
     result = search(
         load_design(DESIGN),
@@ -289,9 +307,7 @@ def _breakdown(recorded: Recorded, figures: dict[str, Any]) -> dict[str, float]:
     import cupy
     import torch
 
-    from racefuzz.backends import cuda
-
-    catalog = cuda._runtime(torch, cupy, 0).catalog
+    catalog = cuda.get_runtime(torch, cupy, 0).catalog
     n = figures["examples"]
 
     def per_example(seconds: float) -> float:
@@ -324,8 +340,6 @@ ROWS = (
 
 def run(examples: int = EXAMPLES, repeats: int = REPEATS) -> dict[str, Any]:
     """Measure (see the module docstring); a JSON-able dict. `BackendUnavailable` without a usable GPU."""
-    from racefuzz.backends import cuda
-
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
         raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")

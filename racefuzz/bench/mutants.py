@@ -44,9 +44,20 @@ from pathlib import Path
 from typing import Any
 
 from racefuzz import __version__
-from racefuzz.backend import Executor, executor
+from racefuzz.backends import Executor, executor
 from racefuzz.designs import load_design, mutant_designs
 from racefuzz.minimize import minimize
+from racefuzz.program import (
+    DeviceSync,
+    EventSync,
+    HostDelay,
+    Launch,
+    OpVisitor,
+    Record,
+    StreamSync,
+    WaitEvent,
+    WaitStream,
+)
 from racefuzz.report import primary_race
 from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, _reproduces, judge, search
 from racefuzz.strategies import ALL_HAZARDS, OPT_IN_HAZARDS, PRE_LAUNCH_HAZARDS
@@ -407,6 +418,54 @@ def _csan_in_child(rows: list[dict[str, Any]], examples: int, timeout_s: float =
         return json.loads(out.read_text())
 
 
+class _TorchOps(OpVisitor[None]):
+    """Issues each op of a program as plain torch ops (see `torch_ops_execute`); `loads` collects the reads.
+
+    Without `streams` (a CPU dry run on the current stream, in program order) only launches run: there is
+    nothing to synchronize. Host delays are not run: CSAN's verdict does not depend on timing.
+    """
+
+    def __init__(self, torch: Any, streams: list[Any] | None, tables: dict, values: dict, events: list[Any]) -> None:
+        self.torch, self.streams, self.tables, self.values, self.events = torch, streams, tables, values, events
+        self.loads: dict[int, tuple[Any, ...]] = {}
+
+    def visit_launch(self, op: Launch) -> None:
+        torch, tables = self.torch, self.tables
+        with torch.cuda.stream(self.streams[op.stream.id]) if self.streams is not None else contextlib.nullcontext():
+            self.loads[op.index] = tuple(
+                tables[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].clone() for r in op.reads
+            )
+            for k, w in enumerate(op.writes):
+                tables[w.buffer.id][w.row0 : w.row1, w.col0 : w.col1].copy_(self.values[(op.index, k)])
+
+    def visit_record(self, op: Record) -> None:
+        if self.streams is not None:
+            self.events[op.event.id].record(self.streams[op.stream.id])
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        if self.streams is not None:
+            self.streams[op.stream.id].wait_event(self.events[op.event.id])
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        if self.streams is not None:
+            self.streams[op.stream.id].wait_stream(self.streams[op.other.id])
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        if self.streams is not None:
+            self.events[op.event.id].synchronize()
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        if self.streams is not None:
+            self.streams[op.stream.id].synchronize()
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        if self.streams is not None:
+            self.torch.cuda.synchronize()
+
+    def visit_host_delay(self, op: HostDelay) -> None:
+        pass
+
+
 def torch_ops_execute(program, torch: Any, device: Any, streams: list[Any] | None, sanitizer: Any = None):
     """Run `program` as plain torch ops, the way CSAN can see it: per launch, on its stream, a `clone` of
     every read range then a `copy_` into every write range; torch events, waits and syncs for the rest.
@@ -416,11 +475,7 @@ def torch_ops_execute(program, torch: Any, device: Any, streams: list[Any] | Non
     raises after the op ran, so the run goes on). Buffers, values and events are set up and synchronized
     before the first op, so the setup itself cannot be reported.
     """
-    from contextlib import nullcontext
-
     import numpy as np
-
-    from racefuzz.program import DeviceSync, EventSync, Launch, Record, StreamSync, WaitEvent, WaitStream
 
     cuda = streams is not None
     tables = {b.id: torch.full((b.rows, b.cols), b.fill, dtype=torch.int32, device=device) for b in program.buffers}
@@ -433,36 +488,16 @@ def torch_ops_execute(program, torch: Any, device: Any, streams: list[Any] | Non
     if cuda:
         torch.cuda.synchronize()
     errors = sanitizer.CUDASanitizerErrors if sanitizer is not None else ()
-    loads: dict[int, tuple[Any, ...]] = {}
+    ops = _TorchOps(torch, streams, tables, values, events)
     reports: list[str] = []
     for op in program.ops:
         try:
-            if isinstance(op, Launch):
-                with torch.cuda.stream(streams[op.stream.id]) if cuda else nullcontext():
-                    loads[op.index] = tuple(
-                        tables[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].clone() for r in op.reads
-                    )
-                    for k, w in enumerate(op.writes):
-                        tables[w.buffer.id][w.row0 : w.row1, w.col0 : w.col1].copy_(values[(op.index, k)])
-            elif not cuda:
-                continue  # one stream in program order: nothing to synchronize
-            elif isinstance(op, Record):
-                events[op.event.id].record(streams[op.stream.id])
-            elif isinstance(op, WaitEvent):
-                streams[op.stream.id].wait_event(events[op.event.id])
-            elif isinstance(op, WaitStream):
-                streams[op.stream.id].wait_stream(streams[op.other.id])
-            elif isinstance(op, EventSync):
-                events[op.event.id].synchronize()
-            elif isinstance(op, StreamSync):
-                streams[op.stream.id].synchronize()
-            elif isinstance(op, DeviceSync):
-                torch.cuda.synchronize()
+            ops.visit(op)
         except errors as exc:
             reports.append(f"op #{op.index} {getattr(op, 'kernel', type(op).__name__)}: {len(exc.errors)} error(s)")
     if cuda:
         torch.cuda.synchronize()
-    return {i: ts for i, ts in loads.items() if ts}, reports
+    return {i: ts for i, ts in ops.loads.items() if ts}, reports
 
 
 def _csan_worker(request: dict[str, Any]) -> dict[str, Any]:
@@ -471,9 +506,9 @@ def _csan_worker(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.cuda import _sanitizer
 
+    from racefuzz.backends import Execution
     from racefuzz.scenarios.sglang import build_program
     from racefuzz.scenarios.workload import Workload
-    from racefuzz.sim import Execution
 
     _sanitizer.enable_cuda_sanitizer()
     pool = [torch.cuda.Stream() for _ in range(8)]  # created after enabling, so CSAN traces their creation

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from racefuzz import Device, Schedule, expected_observations, find_corruptions, simulate
+from racefuzz.backends import HOST, Execution, Span
 from racefuzz.backends.cuda import CudaConfig, execute
 from racefuzz.litmus import SPIN_US, Litmus, all_litmus
 from racefuzz.memory import Observations
 from racefuzz.program import Launch, Program
 from racefuzz.schedule import NO_DELAYS
-from racefuzz.sim import HOST, Execution, Span
 
 pytestmark = pytest.mark.cuda
 
@@ -81,14 +81,15 @@ def test_spins_last_what_they_ask_for() -> None:
     # Spins wait on %globaltimer (ns), so their length does not depend on the SM clock, which moves.
     from racefuzz.backends import cuda
 
-    torch, cupy = cuda._require(0)
-    spin = cuda._runtime(torch, cupy, 0).kernels["rf_spin"]
+    torch, cupy = cuda.require(0)
+    runtime = cuda.get_runtime(torch, cupy, 0)
+    spin = runtime.kernels["rf_spin"]
     stream = torch.cuda.Stream()
-    ext = cuda._external_stream(cupy, stream.cuda_stream, 0)
+    ext = runtime.external_stream(stream.cuda_stream)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for us in (500.0, 2000.0, 10000.0):
         begin.record(stream)
-        spin((1,), (1,), (cuda._ns(us),), stream=ext)
+        spin((1,), (1,), (cuda.spin_ns(us),), stream=ext)
         end.record(stream)
         end.synchronize()
         measured = begin.elapsed_time(end) * 1000.0

@@ -37,7 +37,10 @@ CATALOG = kernel_catalog(kernel_source())
 def test_importing_the_backend_imports_neither_torch_nor_cupy() -> None:
     code = (
         "import sys\n"
+        "import racefuzz.backends, racefuzz.backend, racefuzz.sim\n"
+        "racefuzz.backends.executor('sim')\n"
         "import racefuzz.backends.cuda as c\n"
+        "c.CudaExecutor()\n"
         "c.CudaConfig(timeline=True)\n"
         "from racefuzz.kernel_sources import kernel_source\n"
         "c.kernel_catalog(kernel_source())\n"
@@ -65,10 +68,10 @@ def test_missing_torch_or_cupy_names_the_pip_line(monkeypatch: pytest.MonkeyPatc
     # A None entry in sys.modules makes `import name` raise ImportError, as if it were not installed.
     monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(BackendUnavailable, match=r"CuPy is not installed.*pip install 'racefuzz\[cuda1[23]\]'"):
-        cuda._import_cupy()
+        cuda.import_cupy()
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(BackendUnavailable, match=r"torch is not installed.*pip install 'racefuzz\[cuda13\]'"):
-        cuda._import_torch()
+        cuda.import_torch()
     reason = cuda.cuda_unavailable_reason()
     assert reason is not None and "pip install 'racefuzz[cuda13]'" in reason and "\n" not in reason
 
@@ -82,9 +85,9 @@ def test_pip_line_follows_torchs_cuda_major_version() -> None:
         def __init__(self, cuda: str | None) -> None:
             self.version = Version(cuda)
 
-    assert cuda._pip_line(Torch("12.8")) == "pip install 'racefuzz[cuda12]'"
-    assert cuda._pip_line(Torch("13.0")) == "pip install 'racefuzz[cuda13]'"
-    assert cuda._pip_line(Torch(None)) == "pip install 'racefuzz[cuda13]'"
+    assert cuda.pip_line(Torch("12.8")) == "pip install 'racefuzz[cuda12]'"
+    assert cuda.pip_line(Torch("13.0")) == "pip install 'racefuzz[cuda13]'"
+    assert cuda.pip_line(Torch(None)) == "pip install 'racefuzz[cuda13]'"
 
 
 def test_bad_device_index_is_an_invalid_argument() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from racefuzz import Device, Schedule, SimConfig, simulate
-from racefuzz.sim import HOST
+from racefuzz.backends import HOST
 
 
 def _spans(run, kind: str):

@@ -1,4 +1,4 @@
-"""`python -m racefuzz.backends.cuda_selfcheck`: what the CUDA backend measures on this machine.
+"""`python -m racefuzz.bench.selfcheck`: what the CUDA backend measures on this machine.
 
 Prints the software and device, how long spins of requested lengths really last
 (also right after the GPU sat idle, when its clock may have dropped), and what one `execute` costs next to a
@@ -24,6 +24,7 @@ from racefuzz.program import (
     EventSync,
     HostDelay,
     Launch,
+    OpVisitor,
     Program,
     Record,
     StreamSync,
@@ -56,6 +57,58 @@ def _scenario_program() -> Program:
     return build_program(Workload(requests, iterations=8, plan_stream=True), BUILTIN["global-war"])
 
 
+class _PlainReplay(OpVisitor[None]):
+    """A program's ops as a hand-written script would issue them, on already bound memory and streams.
+
+    The same CuPy kernel calls (launch-cost spins included), torch records, waits and syncs, and host
+    delays, with `events` fresh per replay. `kernels_only` keeps the kernel calls alone and turns every
+    host sync into a device synchronize (no torch event or wait calls, no host delays).
+    """
+
+    def __init__(self, torch: Any, bound: cuda.Bound, spin: Any, kernels_only: bool = False) -> None:
+        self.torch, self.bound, self.spin, self.kernels_only = torch, bound, spin, kernels_only
+        self.block = (cuda.THREADS_PER_BLOCK,)
+        self.events: list[Any] = []
+
+    def visit_launch(self, op: Launch) -> None:
+        ext = self.bound.ext[op.stream.id]
+        if op.index in self.bound.costs:
+            self.spin((1,), (1,), self.bound.costs[op.index], stream=ext)
+        for kernel, grid, args in self.bound.launch_calls[op.index]:
+            kernel(grid, self.block, args, stream=ext)
+
+    def visit_record(self, op: Record) -> None:
+        if not self.kernels_only:
+            self.events[op.event.id].record(self.bound.streams[op.stream.id])
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        if not self.kernels_only:
+            self.bound.streams[op.stream.id].wait_event(self.events[op.event.id])
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        if not self.kernels_only:
+            self.bound.streams[op.stream.id].wait_stream(self.bound.streams[op.other.id])
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        if self.kernels_only:
+            self.torch.cuda.synchronize()
+        else:
+            self.events[op.event.id].synchronize()
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        if self.kernels_only:
+            self.torch.cuda.synchronize()
+        else:
+            self.bound.streams[op.stream.id].synchronize()
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        self.torch.cuda.synchronize()
+
+    def visit_host_delay(self, op: HostDelay) -> None:
+        if not self.kernels_only:
+            cuda.busy_wait_us(op.us)
+
+
 def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
     """One program's cost per example: `execute`, its phases, and two hand-written replays to compare with.
 
@@ -64,63 +117,36 @@ def _cost_line(torch: Any, cupy: Any, name: str, program: Program) -> str:
       torch records, waits and syncs, then a device synchronize (no staging, no readback);
     * kernels only: the kernel calls and host syncs alone, without the torch event and wait calls.
     """
-    runtime = cuda._runtimes[0]
+    runtime = cuda.get_runtime(torch, cupy, 0)
     staging = cuda.stage(program, NO_DELAYS, runtime.catalog)
     with torch.cuda.device(0):
-        bound = cuda._bind(torch, cupy, runtime, program, NO_DELAYS, staging, 0)
+        bound = runtime.bind(program, NO_DELAYS, staging)
     torch.cuda.synchronize()
-    block = (cuda.THREADS_PER_BLOCK,)
-    streams, ext = bound.streams, bound.ext
-    spin = runtime.kernels[runtime.catalog.spin]
+    spin = runtime.spin_kernel
+    replay = _PlainReplay(torch, bound, spin)
+    replay_kernels = _PlainReplay(torch, bound, spin, kernels_only=True)
 
     def plain() -> None:
-        events = [torch.cuda.Event() for _ in program.events]
-        for op in program.ops:
-            if isinstance(op, Launch):
-                if op.index in bound.costs:
-                    spin((1,), (1,), bound.costs[op.index], stream=ext[op.stream.id])
-                for kernel, grid, args in bound.launch_calls[op.index]:
-                    kernel(grid, block, args, stream=ext[op.stream.id])
-            elif isinstance(op, Record):
-                events[op.event.id].record(streams[op.stream.id])
-            elif isinstance(op, WaitEvent):
-                streams[op.stream.id].wait_event(events[op.event.id])
-            elif isinstance(op, WaitStream):
-                streams[op.stream.id].wait_stream(streams[op.other.id])
-            elif isinstance(op, EventSync):
-                events[op.event.id].synchronize()
-            elif isinstance(op, StreamSync):
-                streams[op.stream.id].synchronize()
-            elif isinstance(op, DeviceSync):
-                torch.cuda.synchronize()
-            elif isinstance(op, HostDelay):
-                cuda.busy_wait_us(op.us)
+        replay.events = [torch.cuda.Event() for _ in program.events]
+        replay.visit_all(program.ops)
         torch.cuda.synchronize()
 
     def kernels_only() -> None:
-        for op in program.ops:
-            if isinstance(op, Launch):
-                if op.index in bound.costs:
-                    spin((1,), (1,), bound.costs[op.index], stream=ext[op.stream.id])
-                for kernel, grid, args in bound.launch_calls[op.index]:
-                    kernel(grid, block, args, stream=ext[op.stream.id])
-            elif isinstance(op, (DeviceSync, EventSync, StreamSync)):
-                torch.cuda.synchronize()
+        replay_kernels.visit_all(program.ops)
         torch.cuda.synchronize()
 
     def bind() -> None:
         with torch.cuda.device(0):
-            cuda._bind(torch, cupy, runtime, program, NO_DELAYS, staging, 0)
+            runtime.bind(program, NO_DELAYS, staging)
             torch.cuda.synchronize()
 
+    run = cuda.PreparedRun(program, NO_DELAYS, staging, bound, runtime, cuda.CudaConfig())
     floor = _per_call_us(plain, 300)
     bare = _per_call_us(kernels_only, 300)
-    full = _per_call_us(lambda: (cuda.forget_cached_run(), cuda.execute(program, NO_DELAYS)), 300)
+    full = _per_call_us(lambda: cuda.execute(program, NO_DELAYS), 300)  # stages afresh every call
     staged = _per_call_us(lambda: cuda.stage(program, NO_DELAYS, runtime.catalog), 300)
     bound_us = _per_call_us(bind, 300)
-    issue = _per_call_us(
-        lambda: cuda._issue(torch, program, NO_DELAYS, staging, bound, runtime, cuda.CudaConfig()).finish(), 300
-    )
+    issue = _per_call_us(lambda: run.start().finish(), 300)
     return (
         f"  {name:26s} ({len(program.ops):3d} ops): execute {full:7.1f} us ({1e6 / full:6.0f} examples/s) "
         f"= stage {staged:6.1f} + bind&sync {bound_us:6.1f} + issue&readback {issue:6.1f} (+ rest); "
@@ -171,17 +197,17 @@ def main() -> int:
     print(f"device 0: {torch.cuda.get_device_name(0)}")
 
     start = time.perf_counter()
-    runtime = cuda._runtime(torch, cupy, 0)
+    runtime = cuda.get_runtime(torch, cupy, 0)
     print(f"\ncompile: {(time.perf_counter() - start) * 1e3:.0f} ms (spins wait on %globaltimer: no calibration)")
 
-    spin = runtime.kernels[runtime.catalog.spin]
+    spin = runtime.spin_kernel
     stream = torch.cuda.Stream()
     ext = cupy.cuda.ExternalStream(stream.cuda_stream, 0)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def spin_us(us: float) -> float:
         begin.record(stream)
-        spin((1,), (1,), (cuda._ns(us),), stream=ext)
+        spin((1,), (1,), (cuda.spin_ns(us),), stream=ext)
         end.record(stream)
         end.synchronize()
         return begin.elapsed_time(end) * 1000.0

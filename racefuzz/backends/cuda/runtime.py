@@ -1,0 +1,229 @@
+"""The runtime on one device: compiled kernels, torch streams and their CuPy views, staging bound to memory.
+
+`get_runtime(torch, cupy, device)` compiles the kernels of `kernels/req_to_token.cu` once per process and
+device (a registry keyed by the device index) and returns that device's `Runtime`. A `Runtime` keeps
+CuPy's view of every torch stream it has wrapped (torch's pool hands out the same few streams again and
+again), binds a `Staging` to fresh device memory (`bind_memory`) and draws fresh, pairwise distinct
+streams and never-recorded events for a run (`fresh_streams_and_events`); `bind` does both.
+
+Delays are microseconds in the schedule; the kernels spin on `%globaltimer`, the GPU's nanosecond wall
+clock, so a delay is passed as nanoseconds (`spin_ns`) and needs no calibration.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from racefuzz.backends.cuda.availability import one_line
+from racefuzz.backends.cuda.catalog import KERNEL_FILE, KernelCatalog, read_kernels
+from racefuzz.backends.cuda.staging import Staging
+from racefuzz.errors import BackendUnavailable, InvalidArgument
+from racefuzz.program import Program
+from racefuzz.schedule import Schedule
+
+THREADS_PER_BLOCK = 128
+"""Threads of one block; a block covers one rectangle, striding over its cells."""
+
+_MAX_REDRAWS = 64
+"""Extra streams drawn when torch's pool hands back one already taken (two laps of its 32-stream pool)."""
+
+KernelCall = tuple[Any, tuple[int], tuple[Any, ...]]
+"""A bound kernel call: (CuPy kernel, grid, argument tuple); the block is `THREADS_PER_BLOCK`."""
+
+T = TypeVar("T")
+
+
+def draw_distinct_streams(
+    count: int, new_stream: Callable[[], T], handle: Callable[[T], int], taken: set[int]
+) -> list[T]:
+    """`count` streams from `new_stream` whose handles are pairwise distinct and not in `taken`.
+
+    torch hands streams out round-robin from a fixed pool, so two draws can return the same CUDA stream
+    (after a lap of the pool, or when another thread draws in between); two IR streams on one CUDA stream
+    would be silently ordered and hide every race between them. Aliased draws are dropped and redrawn
+    (as sglang #31681 does); `InvalidArgument` when the pool cannot supply `count` distinct streams.
+    """
+    seen = set(taken)
+    streams: list[T] = []
+    for _ in range(count + _MAX_REDRAWS):
+        if len(streams) == count:
+            break
+        stream = new_stream()
+        key = handle(stream)
+        if key not in seen:
+            seen.add(key)
+            streams.append(stream)
+    if len(streams) < count:
+        raise InvalidArgument(
+            f"could not draw {count} distinct CUDA streams from torch's stream pool (got {len(streams)}); "
+            "the program has more streams than the pool holds"
+        )
+    return streams
+
+
+def spin_ns(us: float) -> np.int64:
+    """A delay in microseconds as the kernels' spin argument: nanoseconds of %globaltimer."""
+    return np.int64(round(us * 1000.0))
+
+
+def compile_kernels(cupy: Any, source: str, names: Sequence[str]) -> dict[str, Any]:
+    """Each named kernel of `source` as a CuPy `RawKernel`, compiled with NVRTC for the current device."""
+    from cupy.cuda.compiler import CompileException
+
+    try:
+        module = cupy.RawModule(code=source, options=("--std=c++17",))
+        return {name: module.get_function(name) for name in names}
+    except CompileException as exc:
+        raise BackendUnavailable(f"NVRTC could not compile {KERNEL_FILE}: {one_line(exc)}") from None
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise BackendUnavailable(f"the CUDA driver could not load {KERNEL_FILE}: {one_line(exc)}") from None
+
+
+class BoundMemory(NamedTuple):
+    """A staging uploaded to the device, with every kernel call's arguments built against it.
+
+    `staged` is the device copy of `Staging.host`; `tables` are views into it. `launch_calls` holds each
+    launch's kernel calls, `spins` each scheduled device delay and `costs` each launch's own duration
+    (`Launch.cost_us`), both as `rf_spin` argument tuples.
+    """
+
+    staged: Any
+    tables: list[Any]
+    launch_calls: dict[int, list[KernelCall]]
+    spins: dict[int, tuple[Any, ...]]
+    costs: dict[int, tuple[Any, ...]]
+
+
+@dataclass
+class Bound:
+    """The staged program bound to device memory and torch streams: ready to issue.
+
+    The memory and the calls are those of `BoundMemory`; streams (torch's, and `ext`, CuPy's views of
+    them) and events are fresh for every run.
+    """
+
+    tables: list[Any]
+    staged: Any
+    streams: list[Any]
+    ext: list[Any]
+    events: list[Any]
+    launch_calls: dict[int, list[KernelCall]]
+    spins: dict[int, tuple[Any, ...]]
+    costs: dict[int, tuple[Any, ...]]
+
+
+@dataclass
+class Runtime:
+    """The backend on one device: its compiled kernels, and CuPy's views of the torch streams it used.
+
+    Made by `get_runtime`, which keeps one per process and device; its methods expect that device to be
+    the current one.
+    """
+
+    torch: Any
+    cupy: Any
+    device: int
+    catalog: KernelCatalog
+    kernels: dict[str, Any]
+    _external: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def spin_kernel(self) -> Any:
+        """The `rf_spin` kernel: `spin_kernel((1,), (1,), (spin_ns(us),), stream=ext)`."""
+        return self.kernels[self.catalog.spin]
+
+    def external_stream(self, handle: int) -> Any:
+        """CuPy's view of the torch stream `handle`; cached, since torch's pool hands out the same few streams.
+
+        CuPy 14 deprecates `ExternalStream` for `Stream.from_external`; `ExternalStream` still works and
+        takes the raw handle on every CuPy since 9, so it stays, with its warning silenced here rather than
+        globally.
+        """
+        stream = self._external.get(handle)
+        if stream is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = self.cupy.cuda.ExternalStream(handle, self.device)
+            self._external[handle] = stream
+        return stream
+
+    def bind_memory(self, program: Program, schedule: Schedule, staging: Staging) -> BoundMemory:
+        """Upload `staging.host` (synchronously) and build every kernel call's arguments against it.
+
+        torch's `copy_` from pageable host memory returns only once the copy has landed (it synchronizes
+        the current stream), so the tables, descriptors and poisoned slots are in place before any IR
+        stream runs.
+        """
+        torch = self.torch
+        dev = torch.device("cuda", self.device)
+        staged = torch.from_numpy(staging.host).to(dev)
+        staged_ptr = staged.data_ptr()
+        tables = [
+            staged[at : at + b.rows * b.cols].view(b.rows, b.cols)
+            for b, at in zip(program.buffers, staging.tables_at, strict=True)
+        ]
+        # Argument objects shared between calls where they can be: this loop runs once per example.
+        tables_arg = [
+            (np.uint64(staged_ptr + 4 * at), np.int32(b.cols))
+            for b, at in zip(program.buffers, staging.tables_at, strict=True)
+        ]
+        values_arg = np.uint64(staged_ptr)
+        observed_arg = np.uint64(staged_ptr + 4 * staging.observed_base)
+        no_spin = np.int64(0)
+        kernels = self.kernels
+        launch_calls: dict[int, list[KernelCall]] = {}
+        for index, calls in staging.calls.items():
+            bound = []
+            for call in calls:
+                table, ld = tables_arg[call.buffer]
+                rects = np.uint64(staged_ptr + 4 * call.rects_at)
+                if call.reads:
+                    spin = spin_ns(call.spin_us) if call.spin_us else no_spin
+                    args: tuple[Any, ...] = (table, ld, rects, observed_arg, spin)
+                else:
+                    args = (table, ld, rects, values_arg)
+                bound.append((kernels[call.kernel], (call.count,), args))
+            launch_calls[index] = bound
+        spins = {index: (spin_ns(us),) for index, us in schedule.device_delays.items()}
+        costs = {
+            launch.index: (spin_ns(launch.cost_us),)
+            for launch in program.launches
+            if launch.cost_us  # None (the backend's default: the kernel's own time) or 0: no spin
+        }
+        return BoundMemory(staged, tables, launch_calls, spins, costs)
+
+    def fresh_streams_and_events(self, program: Program) -> tuple[list[Any], list[Any], list[Any]]:
+        """Pairwise distinct torch streams (none the current one), their CuPy views, and never-recorded events."""
+        torch = self.torch
+        dev = torch.device("cuda", self.device)
+        taken = {torch.cuda.current_stream(dev).cuda_stream}
+        streams = draw_distinct_streams(len(program.streams), torch.cuda.Stream, lambda s: s.cuda_stream, taken)
+        ext = [self.external_stream(s.cuda_stream) for s in streams]
+        events = [torch.cuda.Event() for _ in program.events]
+        return streams, ext, events
+
+    def bind(self, program: Program, schedule: Schedule, staging: Staging) -> Bound:
+        """Bind `staging` to fresh device memory, fresh streams and fresh events (see `Bound`)."""
+        staged, tables, launch_calls, spins, costs = self.bind_memory(program, schedule, staging)
+        streams, ext, events = self.fresh_streams_and_events(program)
+        return Bound(tables, staged, streams, ext, events, launch_calls, spins, costs)
+
+
+_runtimes: dict[int, Runtime] = {}
+"""device index -> its runtime: kernels are compiled once per process and device."""
+
+
+def get_runtime(torch: Any, cupy: Any, device: int) -> Runtime:
+    """The runtime of `device`, compiled on first use; the caller has made `device` current."""
+    runtime = _runtimes.get(device)
+    if runtime is None:
+        source, catalog = read_kernels()
+        kernels = compile_kernels(cupy, source, catalog.names)
+        runtime = Runtime(torch, cupy, device, catalog, kernels)
+        _runtimes[device] = runtime
+    return runtime

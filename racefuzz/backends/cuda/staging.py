@@ -1,0 +1,153 @@
+"""Staging: a program's launches packed into kernel calls and ONE int32 host array (pure: no torch, no CuPy).
+
+`stage` packs every call's rectangle descriptors, every write's values, the observation slots (poisoned,
+so a load that never ran cannot pass for a good one) and every buffer's initial contents into one array,
+which one synchronous copy puts on the device before anything is issued; `collect_observations` cuts the
+slots copied back into per-launch loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from racefuzz.backends.cuda.catalog import KernelCatalog
+from racefuzz.errors import InvalidArgument
+from racefuzz.memory import Observations
+from racefuzz.program import Program
+from racefuzz.schedule import Schedule
+
+POISON = int(np.iinfo(np.int32).min)
+"""What every observation slot holds before its reader stores into it."""
+
+
+class StagedCall(NamedTuple):
+    """One kernel call of a launch: `kernel` over `count` rectangles of buffer `buffer`.
+
+    Its descriptors are `count` runs of five ints (row0, nrows, col0, ncols, offset) at `rects_at` in the
+    staging array. A writer's `offset` indexes the staging array itself (the values follow the
+    descriptors); a reader's indexes the observation slots, which start at `Staging.observed_base`.
+    `spin_us` is the reader's read window (only the first read call of a launch spins: the later ones
+    load right after it, inside the same window).
+    """
+
+    kernel: str
+    buffer: int
+    rects_at: int
+    count: int
+    reads: bool
+    spin_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Staging:
+    """Everything the device needs before the first op, built on the host.
+
+    Args:
+        host: int32: every call's descriptors, then every write's values (row-major), then one observation
+            slot per read cell, holding `POISON` until a reader stores into it, then every buffer's initial
+            contents (row-major, its `fill`). One copy to the device carries all of it; one copy of the
+            slots back carries every observation.
+        observed_base: where the observation slots start in `host`.
+        observed_size: how many slots there are (the sum of all read ranges' sizes).
+        calls: launch index -> its kernel calls, in issue order (reads first).
+        observed_at: launch index -> where each of its read ranges starts, counted from `observed_base`.
+        tables_at: buffer id -> where that buffer's cells start in `host` (after the observation slots).
+    """
+
+    host: np.ndarray
+    observed_base: int
+    observed_size: int
+    calls: dict[int, tuple[StagedCall, ...]]
+    observed_at: dict[int, tuple[int, ...]]
+    tables_at: tuple[int, ...] = ()
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    return a.row0 < b.row1 and b.row0 < a.row1 and a.col0 < b.col1 and b.col0 < a.col1
+
+
+def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Staging:
+    """Pack `program`'s launches into kernel calls and one int32 array (see `Staging`).
+
+    It runs once per example, so it is written for speed: descriptors go into one flat list and values
+    into one list of chunks, each copied into the array in a single step at the end.
+    """
+    launches = program.launches
+    values_base = 5 * sum(len(launch.reads) + len(launch.writes) for launch in launches)
+    descriptors: list[int] = []
+    chunks: list[np.ndarray] = []
+    value_cursor, observed_cursor = values_base, 0
+    calls: dict[int, tuple[StagedCall, ...]] = {}
+    observed_at: dict[int, tuple[int, ...]] = {}
+    read_spins = schedule.read_spins
+
+    def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool, spin_us: float) -> StagedCall:
+        at = len(descriptors)
+        for cells, offset in rects:
+            descriptors.extend((cells.row0, cells.row1 - cells.row0, cells.col0, cells.col1 - cells.col0, offset))
+        return StagedCall(kernel, buffer, at, len(rects), reads, spin_us)
+
+    for launch in launches:
+        out: list[StagedCall] = []
+        if launch.reads:
+            by_buffer: dict[int, list[tuple[Any, int]]] = {}
+            starts: list[int] = []
+            for cells in launch.reads:
+                starts.append(observed_cursor)
+                by_buffer.setdefault(cells.buffer.id, []).append((cells, observed_cursor))
+                observed_cursor += (cells.row1 - cells.row0) * (cells.col1 - cells.col0)
+            observed_at[launch.index] = tuple(starts)
+            reader = catalog.reader_for(launch.kernel)
+            spin_us = read_spins.get(launch.index, 0.0)
+            for buffer, rects in by_buffer.items():
+                out.append(emit(reader, buffer, rects, True, spin_us))
+                spin_us = 0.0
+        if launch.writes:
+            # Per buffer, a list of calls; a store joins its buffer's last call unless it overlaps a store
+            # already there, since the blocks of one call run in no fixed order.
+            groups: dict[int, list[list[tuple[Any, int]]]] = {}
+            for cells, values in zip(launch.writes, launch.values, strict=True):
+                chunks.append(values.reshape(-1))
+                buffer_calls = groups.setdefault(cells.buffer.id, [[]])
+                if any(_overlaps(cells, other) for other, _ in buffer_calls[-1]):
+                    buffer_calls.append([])
+                buffer_calls[-1].append((cells, value_cursor))
+                value_cursor += values.size
+            writer = catalog.writer_for(launch.kernel)
+            for buffer, buffer_calls in groups.items():
+                out.extend(emit(writer, buffer, rects, False, 0.0) for rects in buffer_calls)
+        calls[launch.index] = tuple(out)
+    tables_base = value_cursor + observed_cursor
+    tables_at = []
+    cursor = tables_base
+    for buffer in program.buffers:
+        tables_at.append(cursor)
+        cursor += buffer.rows * buffer.cols
+    total = cursor
+    if total >= 2**31:
+        raise InvalidArgument(f"program too large for int32 offsets: {total} staged ints")
+    assert len(descriptors) == values_base
+    host = np.empty(max(1, total), dtype=np.int32)  # never empty: a device pointer is taken from it
+    host[:values_base] = descriptors
+    if chunks:
+        np.concatenate(chunks, out=host[values_base:value_cursor])
+    host[value_cursor:tables_base] = POISON
+    for buffer, at in zip(program.buffers, tables_at, strict=True):
+        host[at : at + buffer.rows * buffer.cols] = buffer.fill
+    return Staging(host, value_cursor, observed_cursor, calls, observed_at, tuple(tables_at))
+
+
+def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
+    """Cut the observation slots (`host[observed_base:]` as copied back) into per-launch, per-range arrays."""
+    observations: Observations = {}
+    for launch in program.launches:
+        if launch.reads:
+            starts = staging.observed_at[launch.index]
+            observations[launch.index] = tuple(
+                observed[at : at + cells.size].reshape(cells.shape)
+                for cells, at in zip(launch.reads, starts, strict=True)
+            )
+    return observations
