@@ -24,6 +24,6 @@ def backend_name(racefuzz_backend: str) -> str:
 @pytest.fixture(scope="session")
 def run_program(racefuzz_backend: str):
     """Runs a program under a schedule on the chosen backend."""
-    from racefuzz.backend import executor
+    from racefuzz.backends import executor
 
     return executor(racefuzz_backend)

@@ -7,7 +7,9 @@
 (d) the negative control: the unfenced design is caught by the same strategies in the same run, else a
     clean (a)/(b) would mean nothing.
 
-Each clean claim is parametrized over the hazards under which that design is race-free.
+Each clean claim is parametrized over the hazards under which that design is race-free. A failure
+names the replay file it wrote (`racefuzz replay FILE` re-runs it) and Hypothesis prints the
+`@reproduce_failure` blob that replays the example in this test.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.hb import find_races
 from racefuzz.oracle import find_corruptions
-from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.sglang import HAZARDS, PRE_LAUNCH_HAZARDS, build_program, workloads
+from racefuzz.schedule import NO_DELAYS
+from racefuzz.schedulers.random import decode_schedule
 from racefuzz.search import search
-from racefuzz.strategies import HAZARDS, PRE_LAUNCH_HAZARDS, decode_schedule, workloads
+from racefuzz.testing import write_replay_file
 
 CLEAN = [
     ("war-after-launch", HAZARDS),
@@ -33,7 +37,13 @@ CLEAN = [
 
 
 def _settings(examples: int) -> settings:
-    return settings(max_examples=examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
 
 def _id(case: tuple[str, tuple[str, ...]]) -> str:
@@ -41,29 +51,36 @@ def _id(case: tuple[str, tuple[str, ...]]) -> str:
 
 
 @pytest.mark.parametrize("case", CLEAN, ids=_id)
-def test_a_reads_equal_the_sequential_reference(case, run_program, examples: int) -> None:
+def test_a_reads_equal_the_sequential_reference(case, run_program, backend_name, racefuzz_config, examples) -> None:
     design, hazards = load_design(case[0]), case[1]
 
     @_settings(examples)
     @given(workload=workloads(hazards=hazards), delays=st.binary(max_size=16))
     def reads_are_sequential(workload, delays: bytes) -> None:
         program = build_program(workload, design.hooks)
-        execution = run_program(program, decode_schedule(delays, program))
+        schedule = decode_schedule(delays, program)
+        execution = run_program(program, schedule)
         corruptions = find_corruptions(program, execution.observations, execution.writers)
-        assert not corruptions, f"{design.name}: {corruptions[0].read.describe()} read clobbered cells"
+        if corruptions:
+            path = write_replay_file(design, workload, schedule, "corruption", backend_name, racefuzz_config)
+            raise AssertionError(
+                f"{design.name}: {corruptions[0].read.describe()} read clobbered cells; replay: racefuzz replay {path}"
+            )
 
     reads_are_sequential()
 
 
 @pytest.mark.parametrize("case", CLEAN, ids=_id)
-def test_b_no_unordered_conflicting_access(case, examples: int) -> None:
+def test_b_no_unordered_conflicting_access(case, backend_name, racefuzz_config, examples) -> None:
     design, hazards = load_design(case[0]), case[1]
 
     @_settings(examples)
     @given(workload=workloads(hazards=hazards))
     def all_conflicts_ordered(workload) -> None:
         races = find_races(build_program(workload, design.hooks))
-        assert not races, races[0].missing_edge()
+        if races:
+            path = write_replay_file(design, workload, NO_DELAYS, "happens-before", backend_name, racefuzz_config)
+            raise AssertionError(f"{races[0].missing_edge()}; replay: racefuzz replay {path}")
 
     all_conflicts_ordered()
 

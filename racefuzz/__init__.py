@@ -32,7 +32,7 @@ _EXPORTS = {
     "CellRange": "racefuzz.program",
     "Program": "racefuzz.program",
     "Schedule": "racefuzz.schedule",
-    "Execution": "racefuzz.sim",
+    "Execution": "racefuzz.backends",
     "SimConfig": "racefuzz.sim",
     "simulate": "racefuzz.sim",
 }
@@ -73,10 +73,11 @@ def __getattr__(name: str) -> object:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never executed
+    from racefuzz.backends import Execution
     from racefuzz.device import Device, EventHandle, StreamHandle
     from racefuzz.errors import BackendUnavailable, InvalidArgument, InvalidProgram, RacefuzzError, ReplayError
     from racefuzz.hb import Race, RaceKind, find_races
     from racefuzz.oracle import Corruption, expected_observations, find_corruptions
     from racefuzz.program import Buffer, CellRange, Program
     from racefuzz.schedule import Schedule
-    from racefuzz.sim import Execution, SimConfig, simulate
+    from racefuzz.sim import SimConfig, simulate

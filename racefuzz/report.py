@@ -23,13 +23,12 @@ from racefuzz.errors import InvalidArgument, ReplayError
 from racefuzz.hb import Race
 from racefuzz.oracle import UNKNOWN, Corruption
 from racefuzz.program import Launch
-from racefuzz.scenarios.workload import Workload
+from racefuzz.scenarios import Scenario, Workload, get_scenario, scenario_spec
 from racefuzz.schedule import Schedule
 from racefuzz.search import Outcome, SearchResult
 
 FORMAT = "racefuzz-replay"
 FORMAT_VERSION = 1
-SCENARIO = "sglang-overlap"
 DEFAULT_REPORT_DIR = ".racefuzz"
 MAX_CELLS_SHOWN = 6
 
@@ -45,13 +44,14 @@ class ReplayFile:
     schedule: Schedule
     oracle: str
     racefuzz_version: str
+    scenario: Scenario
 
     def to_json(self) -> dict[str, object]:
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "racefuzz": self.racefuzz_version,
-            "scenario": SCENARIO,
+            "scenario": scenario_spec(self.scenario),
             "design": self.design,
             "backend": self.backend,
             "seed": self.seed,
@@ -68,17 +68,23 @@ class ReplayFile:
             raise ReplayError(
                 f"{source}: replay format version {data.get('version')!r}, this racefuzz reads version {FORMAT_VERSION}"
             )
-        if data.get("scenario") != SCENARIO:
-            raise ReplayError(f"{source}: unknown scenario {data.get('scenario')!r}")
+        spec = data.get("scenario")
+        if not isinstance(spec, str):
+            raise ReplayError(f"{source}: no scenario named (\"scenario\" must be a string, got {spec!r})")
+        try:
+            scenario = get_scenario(spec)
+        except InvalidArgument as exc:
+            raise ReplayError(f"{source}: {exc}") from None
         try:
             return cls(
                 design=str(data["design"]),
                 backend=str(data["backend"]),
                 seed=int(data["seed"]),
-                workload=Workload.from_json(data["workload"]),
+                workload=scenario.workload_from_json(data["workload"]),
                 schedule=Schedule.from_json(data["schedule"]),
                 oracle=str(data["oracle"]),
                 racefuzz_version=str(data.get("racefuzz", "?")),
+                scenario=scenario,
             )
         except KeyError as exc:
             raise ReplayError(f"{source}: missing field {exc}") from None
@@ -169,11 +175,11 @@ def _writer(ops, index: int) -> str:
     return f"op #{index} {launch.kernel} on {launch.stream}"
 
 
-def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | None) -> str:
-    """The text report of a counterexample."""
+def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | None, scenario: Scenario) -> str:
+    """The text report of a counterexample of `scenario`."""
     race = primary_race(outcome)
     kind = race.kind.value if race else ("allocation" if outcome.violations else "ordering")
-    table = race.cells[0].buffer.name if race else "req_to_token"
+    table = race.cells[0].buffer.name if race else scenario.table
     what = f"{kind} race on" if race else f"{kind} violation in"
     lines = [f"==== racefuzz: {what} {table} (design {design}, backend {backend}) ===="]
     if outcome.corruptions:
@@ -204,10 +210,7 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     if others:
         lines.append(f"  other unordered pairs ({len(others)}):")
         for other in others[:5]:
-            lines.append(
-                f"    {other.kind} op #{other.first.index} {other.first.kernel} ({other.first.stream}) -> "
-                f"op #{other.second.index} {other.second.kernel} ({other.second.stream}) on {_cells(other.cells)}"
-            )
+            lines.append(f"    {other}")
         if len(others) > 5:
             lines.append(f"    ... and {len(others) - 5} more")
     w, s = outcome.workload, outcome.schedule
@@ -222,10 +225,7 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     delays += [f"read spin {v:g} us inside {at(k)}" for k, v in s.read_spins.items()]
     delays += [f"host delay {v:g} us before {at(k)}" for k, v in s.host_delays.items()]
     lines.append(
-        f"  counterexample: {len(w.requests)} request(s), {w.iterations} iteration(s), B={w.block_size}, "
-        f"{w.rows} row(s), plan stream {'on' if w.plan_stream else 'off'}"
-        + (f", page size {w.page_size}" if w.page_size > 1 else "")
-        + f"; {s.nonzero_delays} non-zero delay(s)"
+        f"  counterexample: {scenario.describe(w)}; {s.nonzero_delays} non-zero delay(s)"
         + (f": {'; '.join(delays)}" if delays else "")
     )
     if replay_path is not None:
@@ -245,10 +245,17 @@ def save_counterexample(
     outcome, design = result.counterexample, result.design
     assert outcome is not None and outcome.oracle is not None
     replay = ReplayFile(
-        design.spec, result.backend, seed, outcome.workload, outcome.schedule, outcome.oracle, __version__
+        design.spec,
+        result.backend,
+        seed,
+        outcome.workload,
+        outcome.schedule,
+        outcome.oracle,
+        __version__,
+        design.scenario,
     )
     path = write_replay(replay, report_dir)
-    text = render(outcome, design=design.spec, backend=result.backend, replay_path=path)
+    text = render(outcome, design=design.spec, backend=result.backend, replay_path=path, scenario=design.scenario)
     path.with_suffix(".txt").write_text(text + "\n")
     race = primary_race(outcome)
     title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name

@@ -17,21 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from racefuzz.backend import executor, resolve_backend
+from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import Design, load_design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import find_races
 from racefuzz.report import save_counterexample
-from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios import check_hazards
+from racefuzz.schedule import Schedule
 from racefuzz.search import SearchResult, search
-from racefuzz.strategies import HAZARDS, workloads
-
-CONTROL = "none"
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,9 @@ class Config:
         seed: the Hypothesis seed: the same seed draws the same examples.
         report_dir: where replay files, reports and timelines of failures are written.
         repeat: k of k runs a manifested race must reproduce in; None: 5 on the GPU, 1 on the simulator.
+        database: a Hypothesis `ExampleDatabase` where failures are saved and tried first next time
+            (`racefuzz.search.corpus`); None keeps nothing. The pytest fixture passes the active
+            Hypothesis profile's database (`.hypothesis/examples` unless the profile says otherwise).
     """
 
     backend: str = "auto"
@@ -51,6 +53,7 @@ class Config:
     seed: int = 0
     report_dir: Path = field(default_factory=lambda: Path(".racefuzz"))
     repeat: int | None = None
+    database: object | None = None
 
     def __post_init__(self) -> None:
         if self.examples < 1:
@@ -69,7 +72,7 @@ def _design(design: str | Design) -> Design:
     return design if isinstance(design, Design) else load_design(design)
 
 
-def _search(design: Design, config: Config, backend: str, hazards, plan_stream, *, shrink: bool) -> SearchResult:
+def _search(design: Design, config: Config, backend: str, hazards, options, *, shrink: bool) -> SearchResult:
     return search(
         design,
         executor(backend),
@@ -77,40 +80,70 @@ def _search(design: Design, config: Config, backend: str, hazards, plan_stream, 
         examples=config.examples,
         seed=config.seed,
         hazards=hazards,
-        plan_stream=plan_stream,
         shrink=shrink,
         repeat=config.repeat,
+        database=config.database,  # type: ignore[arg-type]
+        **options,
     )
+
+
+class _Control(Enum):
+    SCENARIO = "the negative control of the design's scenario"
+
+
+SCENARIO_CONTROL = _Control.SCENARIO
+"""`control`'s default: the negative control of the design's scenario (`Scenario.control_design`)."""
 
 
 def assert_race_free(
     design: str | Design,
     config: Config | None = None,
     *,
-    hazards: Collection[str] = HAZARDS,
-    plan_stream: bool | None = None,
-    control: str | Design | None = CONTROL,
+    hazards: Collection[str] | None = None,
+    control: str | Design | _Control | None = SCENARIO_CONTROL,
+    **workload_options: object,
 ) -> SearchResult:
     """Fail unless `design` shows no race over `config.examples` examples while `control` is caught.
 
-    `control=None` skips the negative control; a "no race" then proves nothing, so only do that when a
-    control runs elsewhere in the same session.
+    `hazards` default to the scenario's; `workload_options` go to its workload space (for sglang's overlap
+    loop, e.g. `plan_stream=True`). `control` defaults to the scenario's negative control; `control=None`
+    skips it, and a "no race" then proves nothing, so only do that when a control runs elsewhere in the
+    same session.
     """
     config = config or Config()
     backend = config.resolved_backend
     target = _design(design)
+    if control is SCENARIO_CONTROL:
+        control = target.scenario.control_design
     if control is not None:
-        caught = _search(_design(control), config, backend, hazards, plan_stream, shrink=False)
+        control_design = control if isinstance(control, Design) else load_design(control, target.scenario)
+        caught = _search(control_design, config, backend, hazards, workload_options, shrink=False)
         if not caught.found:
             raise AssertionError(
                 f"racefuzz: INCONCLUSIVE: the negative control `{caught.design.name}` was not caught in "
                 f"{caught.examples} examples on {backend}; widen the hazards or raise the examples"
             )
-    result = _search(target, config, backend, hazards, plan_stream, shrink=True)
+    result = _search(target, config, backend, hazards, workload_options, shrink=True)
     if result.found:
         path, text, _ = save_counterexample(result, config.seed, config.report_dir)
         raise AssertionError(f"racefuzz found a race in design {target.name} (replay file {path}):\n{text}")
     return result
+
+
+def write_replay_file(
+    design: Design, workload: object, schedule: Schedule, oracle: str, backend: str, config: Config
+) -> Path:
+    """Write a replay file of one failing example (for a property test's failure message) and return its path.
+
+    For properties that draw their own examples: `racefuzz replay PATH` re-runs the example, as it re-runs
+    a search's counterexample."""
+    from racefuzz import __version__
+    from racefuzz.report import ReplayFile, write_replay
+
+    replay = ReplayFile(
+        design.spec, backend, config.seed, workload, schedule, oracle, __version__, design.scenario  # type: ignore[arg-type]
+    )
+    return write_replay(replay, config.report_dir)
 
 
 def assert_no_new_race(
@@ -118,22 +151,32 @@ def assert_no_new_race(
     old: str | Design,
     config: Config | None = None,
     *,
-    hazards: Collection[str] = HAZARDS,
-    plan_stream: bool | None = None,
+    hazards: Collection[str] | None = None,
+    **workload_options: object,
 ) -> None:
     """Fail if, on some drawn workload, `new` has a happens-before race that `old` does not have.
 
-    Races are compared by `Race.across_designs` (kind, kernels, iterations, cells).
+    Both designs must be of one scenario. Races are compared by `Race.across_designs` (kind, kernels,
+    iterations, cells).
     """
     config = config or Config()
     new_design, old_design = _design(new), _design(old)
+    scenario = new_design.scenario
+    if old_design.scenario is not scenario:
+        raise InvalidArgument(
+            f"designs {new_design.name} and {old_design.name} are of different scenarios "
+            f"({scenario.name}, {old_design.scenario.name})"
+        )
+    space = scenario.workload_space(
+        check_hazards(scenario, scenario.hazards if hazards is None else hazards), **workload_options
+    )
 
     def keys(workload, design: Design) -> set[tuple[object, ...]]:
-        return {race.across_designs for race in find_races(build_program(workload, design.hooks))}
+        return {race.across_designs for race in find_races(scenario.build_program(workload, design.hooks))}
 
     @hypothesis_seed(config.seed)
     @settings(max_examples=config.examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(workloads(hazards=hazards, plan_stream=plan_stream))
+    @given(space.strategy().map(space.decode))
     def no_new_race(workload) -> None:
         added = keys(workload, new_design) - keys(workload, old_design)
         assert not added, (

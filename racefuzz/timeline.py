@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from racefuzz.backends import HOST, Execution, Span
 from racefuzz.hb import Race
 from racefuzz.search import Outcome
-from racefuzz.sim import HOST, Execution, Span, simulate
+from racefuzz.sim import simulate
 
 _KIND_COLOURS = {"kernel": "#4C72B0", "spin": "#BBBBBB", "host_delay": "#DDAA33", "sync": "#55A868"}
 _CONFLICT_COLOUR = "#C44E52"

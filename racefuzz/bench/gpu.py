@@ -46,7 +46,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from racefuzz.backends import cuda
+from racefuzz.backends import Execution, cuda
 from racefuzz.designs import load_design
 from racefuzz.errors import BackendUnavailable
 from racefuzz.hb import find_races
@@ -63,10 +63,9 @@ from racefuzz.program import (
     WaitEvent,
     WaitStream,
 )
+from racefuzz.scenarios.sglang import HAZARDS
 from racefuzz.schedule import Schedule
 from racefuzz.search import DEFAULT_GPU_BATCH, search
-from racefuzz.sim import Execution
-from racefuzz.strategies import HAZARDS
 
 GOAL_EXAMPLES_PER_S = 100
 GOAL_OVERHEAD = 1.5

@@ -45,8 +45,7 @@ from typing import Any
 
 from racefuzz import __version__
 from racefuzz.backends import Executor, executor
-from racefuzz.designs import load_design, mutant_designs
-from racefuzz.minimize import minimize
+from racefuzz.designs import load_design
 from racefuzz.program import (
     DeviceSync,
     EventSync,
@@ -59,8 +58,9 @@ from racefuzz.program import (
     WaitStream,
 )
 from racefuzz.report import primary_race
-from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, _reproduces, judge, search
-from racefuzz.strategies import ALL_HAZARDS, OPT_IN_HAZARDS, PRE_LAUNCH_HAZARDS
+from racefuzz.scenarios.sglang import ALL_HAZARDS, OPT_IN_HAZARDS, PRE_LAUNCH_HAZARDS, Workload, build_program
+from racefuzz.scenarios.sglang.mutants import MUTANTS
+from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, judge, minimize, reproduces, search
 
 CLEAN = (
     ("war-after-launch", ALL_HAZARDS),
@@ -206,7 +206,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
         )
         if timed:
             # As `search` does: keep the minimized form only if it reproduces k/k in fresh runs.
-            reproduced = _reproduces(judge(workload, design, schedule, run), run, settings["repeat"])
+            reproduced = reproduces(judge(workload, design, schedule, run), run, settings["repeat"])
             if not reproduced:
                 workload, schedule = c.workload, c.schedule
         seconds = time.perf_counter() - start
@@ -229,7 +229,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
 
 
 def _bench_mutant(name: str, run: Executor, backend: str, settings: dict[str, int]) -> dict[str, Any]:
-    mutant = mutant_designs()[name]
+    mutant = MUTANTS[name]
     design = load_design(name)
     hazards = tuple(getattr(mutant, "hazards", ALL_HAZARDS))
     plan_stream = getattr(mutant, "plan_stream", None)
@@ -332,7 +332,7 @@ def run(
         _warm_up(run_program)
         environment["warm_up_seconds"] = _round(time.perf_counter() - start, 2)
     rows = []
-    for name in names or list(mutant_designs()):
+    for name in names or list(MUTANTS):
         started = time.perf_counter()
         rows.append(_bench_mutant(name, run_program, backend, chosen))
         say(f"{name}: caught={rows[-1]['caught']} oracle={rows[-1]['oracle']} ({time.perf_counter() - started:.1f} s)")
@@ -373,8 +373,6 @@ def run(
 
 def _warm_up(run_program: Executor) -> None:
     """Compile the kernels and calibrate the clock before any detection is timed."""
-    from racefuzz.scenarios.sglang import build_program
-    from racefuzz.scenarios.workload import Workload
     from racefuzz.schedule import NO_DELAYS
 
     run_program(build_program(Workload(), load_design(CONTROL).hooks), NO_DELAYS)
@@ -507,8 +505,6 @@ def _csan_worker(request: dict[str, Any]) -> dict[str, Any]:
     from torch.cuda import _sanitizer
 
     from racefuzz.backends import Execution
-    from racefuzz.scenarios.sglang import build_program
-    from racefuzz.scenarios.workload import Workload
 
     _sanitizer.enable_cuda_sanitizer()
     pool = [torch.cuda.Stream() for _ in range(8)]  # created after enabling, so CSAN traces their creation
@@ -669,7 +665,7 @@ def detection_rates(seeds: int = 50, budget: int = 1000, strategy: str = "random
         "strategy": strategy,
         "mutants": {},
     }
-    for name, mutant in mutant_designs().items():
+    for name, mutant in MUTANTS.items():
         detect, manifest = [], []
         for seed in range(seeds):
             result = search(

@@ -15,11 +15,11 @@ import statistics
 import time
 from datetime import datetime, timezone
 
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.progress import progress
+from racefuzz.scenarios.sglang import HAZARDS, PRE_LAUNCH_HAZARDS
 from racefuzz.search import search
-from racefuzz.strategies import HAZARDS, PRE_LAUNCH_HAZARDS
 
 GOAL_EXAMPLES_PER_S = 300
 EXAMPLES = 3000

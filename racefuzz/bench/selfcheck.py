@@ -49,9 +49,8 @@ def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
 
 def _scenario_program() -> Program:
     """A small sglang overlap-loop program (two requests, eight iterations, plan stream, global WAR barrier)."""
-    from racefuzz.designs import BUILTIN
-    from racefuzz.scenarios.sglang import build_program
-    from racefuzz.scenarios.workload import RequestSpec, Workload
+    from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+    from racefuzz.scenarios.sglang.designs import BUILTIN
 
     requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
     return build_program(Workload(requests, iterations=8, plan_stream=True), BUILTIN["global-war"])
@@ -161,9 +160,8 @@ def _short(exc: Exception) -> str:
 def _designs_without_delays() -> None:
     """Per built-in design: GPU runs that corrupted, and whether the GPU loaded what the simulator did."""
     from racefuzz import find_corruptions, simulate
-    from racefuzz.designs import BUILTIN
-    from racefuzz.scenarios.sglang import build_program
-    from racefuzz.scenarios.workload import RequestSpec, Workload
+    from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+    from racefuzz.scenarios.sglang.designs import BUILTIN
 
     requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
     workload = Workload(requests, iterations=8, plan_stream=True)

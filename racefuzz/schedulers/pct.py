@@ -4,7 +4,7 @@ PCT takes over a thread scheduler: it gives the n threads random distinct priori
 change points among the k steps, always runs the highest-priority enabled thread, and drops the running
 thread's priority below all others at each change point; a bug of depth d is found with probability
 >= 1/(n k^(d-1)) per run. racefuzz cannot take over the GPU's scheduler, only slow streams down, so the
-mapping (../shared/docs/anchors.md section 4) is:
+mapping (docs/model/prior-art.md, section 4) is:
 
 * threads -> the program's streams that launch kernels; steps -> its launches, in host issue order;
 * random distinct priorities -> a random permutation of those streams;
@@ -28,6 +28,9 @@ from hypothesis import strategies as st
 from racefuzz.errors import InvalidArgument
 from racefuzz.program import Program
 from racefuzz.schedule import Schedule
+
+NAME = "pct"
+DESCRIPTION = "PCT-style: random stream priorities, d-1 change points, the lowest stream's launches spun"
 
 DEFAULT_DEPTH = 2
 """d: one change point. Ordering bugs have d = 1; d = 2 also covers a race whose reader and writer both
@@ -59,7 +62,7 @@ def decode_pct_schedule(
 ) -> Schedule:
     """The PCT-style schedule `data` stands for on `program` (see the module docstring).
 
-    Contract: delays go only on launches (as `racefuzz.strategies.decode_schedule`'s do), so designs that
+    Contract: delays go only on launches (as `racefuzz.schedulers.random.decode_schedule`'s do), so designs that
     add sync ops but no launches share a schedule; every delay is in [20, 640] us plus `min_delay_us`.
     """
     size = pct_byte_length(depth)
@@ -92,3 +95,20 @@ def pct_schedules(
 ) -> st.SearchStrategy[Schedule]:
     """PCT-style schedules for `program` (for properties that draw schedules directly)."""
     return pct_bytes(depth).map(lambda data: decode_pct_schedule(data, program, depth=depth, min_delay_us=min_delay_us))
+
+
+class PctDelays:
+    """The PCT-style strategy of depth `depth`, each spin `min_delay_us` longer."""
+
+    name = NAME
+
+    def __init__(self, *, depth: int = DEFAULT_DEPTH, min_delay_us: float = 0.0, **_: object) -> None:
+        pct_byte_length(depth)  # validates depth
+        self.depth = depth
+        self.min_delay_us = min_delay_us
+
+    def strategy(self) -> st.SearchStrategy[bytes]:
+        return pct_bytes(self.depth)
+
+    def decode(self, data: bytes, program: Program) -> Schedule:
+        return decode_pct_schedule(data, program, depth=self.depth, min_delay_us=self.min_delay_us)

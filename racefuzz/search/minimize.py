@@ -7,56 +7,61 @@ structure. It greedily tries simpler candidates -- fewer delays, shorter delays,
 requests, simpler requests -- and keeps a candidate only if it still fails the same oracle (a manifested
 corruption in every one of `repeat` runs, or an unordered pair), until none is accepted.
 
-Delays are keyed by op index, which changes when the workload changes; a delay follows its launch by
-identity (stream, kernel, iteration), which is unique per iteration in the overlap loop, and is dropped
-when that launch no longer exists.
+The workload candidates come from the scenario (`Scenario.simpler_workloads`); the schedule candidates
+(drop a delay, halve one) are generic. Delays are keyed by op index, which changes when the workload
+changes; a delay follows its launch by the scenario's `launch_identity` (for the overlap loop: stream,
+kernel, iteration) and is dropped when that launch no longer exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 
+from racefuzz.backends import Executor
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
-from racefuzz.hb import find_races
+from racefuzz.hb import RaceKind, find_races
 from racefuzz.oracle import find_corruptions
 from racefuzz.program import Launch, Program
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios import Workload
 from racefuzz.schedule import Schedule
-from racefuzz.sim import Execution
 
-Executor = Callable[[Program, Schedule], Execution]
 MIN_DELAY_US = 20.0
 MAX_RETARGETS = 3
 
 
-def _identity(launch: Launch) -> tuple[str, str, object]:
-    return (launch.stream.name, launch.kernel, launch.info.get("iteration"))
+def transfer(
+    schedule: Schedule, old: Program, new: Program, identity: Callable[[Launch], Hashable] | None = None
+) -> Schedule:
+    """`schedule`'s delays moved from `old`'s launches to the same launches of `new`, where they exist.
 
+    `identity` says which launches are the same (default: the default scenario's `launch_identity`)."""
+    if identity is None:
+        from racefuzz.scenarios import get_scenario
 
-def transfer(schedule: Schedule, old: Program, new: Program) -> Schedule:
-    """`schedule`'s delays moved from `old`'s launches to the same launches of `new`, where they exist."""
-    where = {_identity(op): op.index for op in new.launches}
+        identity = get_scenario().launch_identity
+    where = {identity(op): op.index for op in new.launches}
 
     def move(delays) -> dict[int, float]:
         moved = {}
         for index, us in delays.items():
             op = old.ops[index]
-            if isinstance(op, Launch) and _identity(op) in where:
-                moved[where[_identity(op)]] = us
+            if isinstance(op, Launch) and identity(op) in where:
+                moved[where[identity(op)]] = us
         return moved
 
     return Schedule(move(schedule.device_delays), move(schedule.read_spins), move(schedule.host_delays))
 
 
-def _retargeted(schedule: Schedule, old: Program, new: Program, timed: bool) -> Iterator[Schedule]:
+def _retargeted(
+    schedule: Schedule, old: Program, new: Program, timed: bool, identity: Callable[[Launch], Hashable]
+) -> Iterator[Schedule]:
     """Schedules to try on a simplified workload's program: the old delays where their launches still
     exist, then -- because simplifying the workload can move the race to other launches -- one delay as
     long as the longest old one aimed at each of the new program's first races: a read spin inside the
     reader of a WAR, a spin before the writer of a RAW or WAW."""
-    yield transfer(schedule, old, new)
+    yield transfer(schedule, old, new, identity)
     if not timed:
         return
     delays = [*schedule.device_delays.values(), *schedule.read_spins.values(), *schedule.host_delays.values()]
@@ -64,7 +69,7 @@ def _retargeted(schedule: Schedule, old: Program, new: Program, timed: bool) -> 
         return
     longest = max(delays)
     for race in find_races(new)[:MAX_RETARGETS]:
-        if race.kind.value == "WAR":
+        if race.kind is RaceKind.WAR:
             yield Schedule(read_spins={race.first.index: longest})
         else:
             yield Schedule(device_delays={race.first.index: longest})
@@ -80,42 +85,6 @@ def _schedule_candidates(schedule: Schedule, floor_us: float) -> Iterator[Schedu
             if us > floor_us:
                 shorter = max(floor_us, round(us / 2 / MIN_DELAY_US) * MIN_DELAY_US)
                 yield replace(schedule, **{part: {**getattr(schedule, part), index: shorter}})
-
-
-def _request_candidates(r: RequestSpec) -> Iterator[RequestSpec]:
-    if r.arrival:
-        yield replace(r, arrival=0)
-    if r.accepts:  # down to none: a request that finishes at its prefill (max_new_tokens=1)
-        yield replace(r, accepts=r.accepts[:-1], rewrite_at=tuple(s for s in r.rewrite_at if s < len(r.accepts) - 1))
-    if any(a > 1 for a in r.accepts):
-        yield replace(r, accepts=tuple(1 for _ in r.accepts))
-    for step in r.rewrite_at:
-        yield replace(r, rewrite_at=tuple(s for s in r.rewrite_at if s != step))
-    if r.prompt_len > 1:
-        yield replace(r, prompt_len=max(1, r.prompt_len // 2))
-        yield replace(r, prompt_len=r.prompt_len - 1)
-    if r.chunk < r.prompt_len:
-        yield replace(r, chunk=64)
-
-
-def _workload_candidates(w: Workload) -> Iterator[Workload]:
-    for iterations in range(1, w.iterations):
-        yield replace(w, iterations=iterations)
-    for i in range(len(w.requests)):
-        if len(w.requests) > 1:
-            rest = w.requests[:i] + w.requests[i + 1 :]
-            yield replace(w, requests=rest, rows=min(w.rows, len(rest)))
-    if w.plan_stream:
-        yield replace(w, plan_stream=False)
-    if w.page_size > 1:
-        yield replace(w, page_size=1)
-    if w.rows > 1:
-        yield replace(w, rows=w.rows - 1)
-    for i, r in enumerate(w.requests):
-        for simpler in _request_candidates(r):
-            yield replace(w, requests=(*w.requests[:i], simpler, *w.requests[i + 1 :]))
-    if w.block_size > 1 and all(a < w.block_size for r in w.requests for a in r.accepts):
-        yield replace(w, block_size=w.block_size - 1)
 
 
 def minimize(
@@ -135,12 +104,14 @@ def minimize(
     Delays are never shortened below `min_delay_us`.
     At most `budget` candidates run.
     """
-    tries = [0]
+    scenario = design.scenario
+    tries = 0
 
     def fails(candidate: Workload, delays: Schedule) -> bool:
-        tries[0] += 1
+        nonlocal tries
+        tries += 1
         try:
-            program = build_program(candidate, design.hooks)
+            program = scenario.build_program(candidate, design.hooks)
             delays.check_against(program)
         except InvalidArgument:
             return False
@@ -150,23 +121,23 @@ def minimize(
 
     if run is None:
         schedule = Schedule()
-    program = build_program(workload, design.hooks)
+    program = scenario.build_program(workload, design.hooks)
     improved = True
-    while improved and tries[0] < budget:
+    while improved and tries < budget:
         improved = False
         for candidate in _schedule_candidates(schedule, min_delay_us) if run is not None else ():
-            if tries[0] >= budget:
+            if tries >= budget:
                 break
             if fails(workload, candidate):
                 schedule, improved = candidate, True
                 break
         if improved:
             continue
-        for candidate in _workload_candidates(workload):
-            if tries[0] >= budget:
+        for candidate in scenario.simpler_workloads(workload):
+            if tries >= budget:
                 break
-            new_program = build_program(candidate, design.hooks)
-            for delays in _retargeted(schedule, program, new_program, run is not None):
+            new_program = scenario.build_program(candidate, design.hooks)
+            for delays in _retargeted(schedule, program, new_program, run is not None, scenario.launch_identity):
                 if fails(candidate, delays):
                     workload, schedule, program, improved = candidate, delays, new_program, True
                     break

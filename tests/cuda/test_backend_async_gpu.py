@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.oracle import expected_observations, find_corruptions
 from racefuzz.program import Program
-from racefuzz.scenarios.sglang import build_program
+from racefuzz.scenarios.sglang import HAZARDS, MAX_ITERATIONS, build_program, decode_workload
 from racefuzz.schedule import NO_DELAYS, Schedule
 from racefuzz.search import search
-from racefuzz.strategies import HAZARDS, MAX_ITERATIONS, decode_workload
 
 pytestmark = pytest.mark.cuda
 

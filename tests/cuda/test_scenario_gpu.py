@@ -40,17 +40,24 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from racefuzz.backend import Executor, executor
-from racefuzz.designs import BUILTIN, Design, load_design
+from racefuzz.backends import Execution, Executor, executor
+from racefuzz.designs import Design, load_design
 from racefuzz.oracle import Corruption, find_corruptions
 from racefuzz.program import Launch, Program
 from racefuzz.report import render
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import Workload
+from racefuzz.scenarios.sglang import (
+    HAZARDS,
+    MAX_ITERATIONS,
+    PRE_LAUNCH_HAZARDS,
+    Workload,
+    build_program,
+    decode_workload,
+)
+from racefuzz.scenarios.sglang.designs import BUILTIN
 from racefuzz.schedule import Schedule
+from racefuzz.schedulers.random import decode_schedule
 from racefuzz.search import SearchResult, search
-from racefuzz.sim import Execution, SimConfig, simulate
-from racefuzz.strategies import HAZARDS, MAX_ITERATIONS, PRE_LAUNCH_HAZARDS, decode_schedule, decode_workload
+from racefuzz.sim import SimConfig, simulate
 
 pytestmark = pytest.mark.cuda
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 from _binomial import least_successes, lower_bound
 
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.errors import InvalidArgument
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
 from racefuzz.schedulers.pct import SPIN_STEP_US, decode_pct_schedule, pct_byte_length
 from racefuzz.search import search
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 
 from racefuzz.cli import EXIT_RACE, main
-from racefuzz.designs import BUILTIN, load_design, mutant_designs
+from racefuzz.designs import load_design
 from racefuzz.hb import find_races
 from racefuzz.program import EventSync
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
-from racefuzz.strategies import ALL_HAZARDS, HAZARDS, workloads
+from racefuzz.scenarios.sglang import ALL_HAZARDS, HAZARDS, RequestSpec, Workload, build_program, workloads
+from racefuzz.scenarios.sglang.designs import BUILTIN
+from racefuzz.scenarios.sglang.mutants import MUTANTS
 
 PAGED = Workload(requests=(RequestSpec(0, 4, 64, (2, 2)),), iterations=4, plan_stream=True, page_size=2)
 
@@ -24,7 +24,7 @@ def races(workload: Workload, design: str) -> set[tuple[str, str, str]]:
 
 
 def test_at_least_twelve_mutants_each_named_described_and_loadable() -> None:
-    catalogue = mutant_designs()
+    catalogue = MUTANTS
     assert len(catalogue) >= 12
     for name, mutant in catalogue.items():
         design = load_design(name)

@@ -1,7 +1,7 @@
 """Detection probabilities of the mutant catalogue on the simulator, per mutant: what racefuzz relies on,
 and a check of it.
 
-For every mutant of `racefuzz.designs.mutants`, `EXPECTED` states two probabilities of one `search`
+For every mutant of `racefuzz.scenarios.sglang.mutants`, `EXPECTED` states two probabilities of one `search`
 (random delay strategy, the mutant's hazards, shrinking off), each measured over seeds 0-49 and committed
 as docs/results/bench-mutants-rates-sim.json (`python -m racefuzz.bench.mutants --rates 50 1000 PATH`):
 
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 from _binomial import least_successes, lower_bound
 
-from racefuzz.backend import executor
-from racefuzz.designs import load_design, mutant_designs
+from racefuzz.backends import executor
+from racefuzz.designs import load_design
+from racefuzz.scenarios.sglang.mutants import MUTANTS
 from racefuzz.search import search
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ EQUIVALENT_BUDGET = 300
 
 
 def test_every_killable_mutant_states_its_probabilities() -> None:
-    killable = {name for name, m in mutant_designs().items() if not getattr(m, "equivalent", None)}
+    killable = {name for name, m in MUTANTS.items() if not getattr(m, "equivalent", None)}
     assert set(EXPECTED) == killable
 
 
@@ -92,7 +93,7 @@ def test_the_margin_arithmetic() -> None:
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_mutant_is_caught_as_often_as_stated(name: str) -> None:
     expected = EXPECTED[name]
-    mutant = mutant_designs()[name]
+    mutant = MUTANTS[name]
     budget = max(expected.detect_within, expected.manifest_within or 0)
     detected = manifested = 0
     for seed in CHECK_SEEDS:
@@ -130,8 +131,8 @@ def test_mutant_is_caught_as_often_as_stated(name: str) -> None:
 
 def test_the_equivalent_mutant_stays_clean() -> None:
     # Measured: 0 of 50 seeds x 1000 examples found anything; an equivalent mutant must never be caught.
-    (name,) = [name for name, m in mutant_designs().items() if getattr(m, "equivalent", None)]
-    mutant = mutant_designs()[name]
+    (name,) = [name for name, m in MUTANTS.items() if getattr(m, "equivalent", None)]
+    mutant = MUTANTS[name]
     for seed in CHECK_SEEDS:
         result = search(
             load_design(name),

@@ -9,7 +9,7 @@ import pytest
 
 from racefuzz import Device, simulate
 from racefuzz.cli import EXIT_CLEAN, EXIT_USAGE, main
-from racefuzz.costs import measure
+from racefuzz.scenarios.sglang.costs import measure
 
 
 def test_costs_from_a_hand_built_timeline() -> None:

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 
 from racefuzz import InvalidArgument, find_races
-from racefuzz.designs import BUILTIN, load_design
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.designs import load_design
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+from racefuzz.scenarios.sglang.designs import BUILTIN
 
 USER_DESIGN = '''
 """A user's own global WAR barrier, written against racefuzz's public API only."""
@@ -82,17 +82,19 @@ def test_hooks_must_be_callable() -> None:
     from types import SimpleNamespace
 
     from racefuzz.designs import check_design
+    from racefuzz.scenarios.sglang import SCENARIO
 
     with pytest.raises(InvalidArgument, match="not callable"):
-        check_design(SimpleNamespace(name="x", loop_top=3), "x")
+        check_design(SimpleNamespace(name="x", loop_top=3), "x", SCENARIO)
     with pytest.raises(InvalidArgument, match="headroom_blocks"):
-        check_design(SimpleNamespace(name="x", headroom_blocks=-1), "x")
+        check_design(SimpleNamespace(name="x", headroom_blocks=-1), "x", SCENARIO)
 
 
 def test_a_misspelt_hook_is_an_error_not_a_missing_fence() -> None:
     from types import SimpleNamespace
 
     from racefuzz.designs import check_design
+    from racefuzz.scenarios.sglang import SCENARIO
 
     with pytest.raises(InvalidArgument, match="'loop_tob' is not a design hook; did you mean 'loop_top'"):
-        check_design(SimpleNamespace(name="x", loop_tob=lambda ctx: None), "x")
+        check_design(SimpleNamespace(name="x", loop_tob=lambda ctx: None), "x", SCENARIO)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from racefuzz import Schedule, find_corruptions, find_races, simulate
 from racefuzz.designs import load_design
-from racefuzz.minimize import minimize, transfer
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+from racefuzz.search.minimize import minimize, transfer
 
 GLOBAL_WAR = load_design("global-war")
 # A post-launch-rewrite race buried in extra requests and iterations.

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from racefuzz import InvalidArgument, Schedule, find_corruptions, find_races, simulate
-from racefuzz.designs import BUILTIN, load_design
+from racefuzz.designs import load_design
 from racefuzz.program import Launch, WaitStream
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+from racefuzz.scenarios.sglang.designs import BUILTIN
 
 
 def races(workload: Workload, design: str) -> set[tuple[str, str, str]]:
@@ -119,7 +119,7 @@ def test_reads_beyond_the_allocation_are_a_violation_not_a_race() -> None:
     # it. No write races that read, so only the scenario's allocation invariant can flag it.
     from types import SimpleNamespace
 
-    from racefuzz.designs.global_war import apply_war_barrier
+    from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
 
     short = SimpleNamespace(name="headroom-1", headroom_blocks=1, loop_top=apply_war_barrier)
     workload = Workload(requests=(RequestSpec(0, 2, 64, (1, 1, 1)),), iterations=4, block_size=1)

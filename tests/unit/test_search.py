@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from racefuzz import InvalidArgument
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.schedule import NO_DELAYS
 from racefuzz.search import search

@@ -12,12 +12,12 @@ from collections.abc import Callable
 import pytest
 
 from racefuzz import InvalidArgument
-from racefuzz.backend import executor
+from racefuzz.backends import Execution, executor
 from racefuzz.designs import load_design
 from racefuzz.program import Program
 from racefuzz.schedule import Schedule
 from racefuzz.search import LOOKAHEAD, search
-from racefuzz.sim import Execution, simulate
+from racefuzz.sim import simulate
 
 
 class LoggingSim:
@@ -142,8 +142,9 @@ def test_a_failing_member_is_shrunk_alone_by_hypothesis_from_its_bytes() -> None
     # upgrade changed that format, nothing would be shrunk and this would fail.
     from hypothesis import strategies as st
 
-    from racefuzz.search import _shrink_alone
-    from racefuzz.strategies import schedule_bytes, workload_bytes
+    from racefuzz.scenarios.sglang import workload_bytes
+    from racefuzz.schedulers.random import schedule_bytes
+    from racefuzz.search.finish import shrink_alone
 
     seen: list[tuple[bytes, bytes]] = []
 
@@ -155,7 +156,7 @@ def test_a_failing_member_is_shrunk_alone_by_hypothesis_from_its_bytes() -> None
         return failing
 
     start = (bytes(range(40, 90)), bytes([200] * 12))
-    _shrink_alone(fails, start, st.tuples(workload_bytes(), schedule_bytes(4)), "random")
+    shrink_alone(fails, start, st.tuples(workload_bytes(), schedule_bytes(4)), constant_schedule=False)
     assert seen[0] == start, "Hypothesis replays the failing member first"
     assert seen[-1] == (bytes(20), bytes([9])), f"shrunk to {seen[-1]!r}, not the minimal failing pair"
 

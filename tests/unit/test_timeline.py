@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from racefuzz.backend import executor
+from racefuzz.backends import executor
 from racefuzz.designs import load_design
 from racefuzz.report import primary_race
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
 from racefuzz.schedule import Schedule
 from racefuzz.search import explain, judge
 from racefuzz.timeline import chrome_trace, write_timeline

@@ -1,4 +1,4 @@
-"""`racefuzz compare`: the correctness and the cost of sync designs, side by side.
+"""`racefuzz compare` for the overlap loop: the correctness and the cost of sync designs, side by side.
 
 Every design runs the same drawn workloads under the same delay schedules (delays attach to launches,
 which designs share). Per design it reports the two verdicts -- workloads with an unordered conflicting
@@ -25,32 +25,25 @@ from dataclasses import replace
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.backend import executor, resolve_backend
-from racefuzz.costs import Costs, measure
-from racefuzz.designs import Design, load_design
+from racefuzz.backends import Execution, executor
+from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
+from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
 from racefuzz.oracle import find_corruptions
 from racefuzz.program import Program
-from racefuzz.scenarios.sglang import build_program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang.costs import Costs, measure
+from racefuzz.scenarios.sglang.loop import build_program
+from racefuzz.scenarios.sglang.strategies import check_hazards, decode_workload
+from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 from racefuzz.schedule import NO_DELAYS
-from racefuzz.sim import Execution, simulate
-from racefuzz.strategies import check_hazards, decode_schedule, decode_workload
+from racefuzz.schedulers.random import decode_schedule
+from racefuzz.sim import simulate
 
 STEADY_DECODE = Workload(requests=tuple(RequestSpec(0, 8, 64, (2,) * 12) for _ in range(4)), iterations=10)
 """Four requests decoding (one prefill iteration, then nine decode steps): the steady state in which
 #29556's 2.1 ms stall was measured. Its costs are reported beside the drawn workloads' and its timeline
 is the one the plot shows."""
-
-
-def parse_designs(text: str) -> list[Design]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if len(names) < 2:
-        raise InvalidArgument(f"--designs needs at least two designs to compare, got {names or [text]}")
-    if len(set(names)) != len(names):
-        raise InvalidArgument(f"--designs names a design twice: {names}")
-    return [load_design(name) for name in names]
 
 
 def _timed_run(program: Program, backend: str) -> Execution:
@@ -241,11 +234,8 @@ def plot(result: dict[str, object], designs: list[Design], backend: str, path: P
     return path
 
 
-def compare_command(args: argparse.Namespace) -> int:
-    from racefuzz.cli import EXIT_CLEAN
-
-    designs = parse_designs(args.designs)
-    backend = resolve_backend(args.backend)
+def compare_command(designs: list[Design], backend: str, args: argparse.Namespace) -> int:
+    """`racefuzz compare` on designs of this scenario (loaded) and a resolved backend."""
     if not (args.forward_us >= 0 and args.host_us >= 0 and args.prep_us >= 0):
         raise InvalidArgument("--forward-us, --host-us and --prep-us must be >= 0")
     result = compare(
@@ -267,4 +257,4 @@ def compare_command(args: argparse.Namespace) -> int:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         if plot(result, designs, backend, args.plot) is None:
             print("racefuzz compare: matplotlib is not installed; no plot written", file=sys.stderr)
-    return EXIT_CLEAN
+    return ExitCode.CLEAN

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from racefuzz.backends import HOST, Execution
 from racefuzz.program import Launch, Program
-from racefuzz.scenarios.sglang import FORWARD_STREAM
-from racefuzz.sim import HOST, Execution
+from racefuzz.scenarios.sglang.loop import FORWARD_STREAM
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """sglang's overlap event loop over `req_to_token`, as a host program on the device API.
 
-One iteration k of `Scheduler.event_loop_overlap` (see ../shared/docs/sglang-overlap-model.md, section 2):
+One iteration k of `Scheduler.event_loop_overlap` (see docs/model/sglang-overlap-model.md, section 2):
 
 1. loop top: the design's `loop_top` hook (the global WAR barrier lives here until #31687);
 2. `get_next_batch_to_run` on the schedule stream S:
@@ -34,7 +34,7 @@ import numpy as np
 
 from racefuzz.device import Device, EventHandle, StreamHandle
 from racefuzz.program import Buffer, Program
-from racefuzz.scenarios.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 
 SCHEDULE_STREAM = "schedule_stream"
 FORWARD_STREAM = "forward_stream"

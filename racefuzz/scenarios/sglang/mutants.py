@@ -9,7 +9,7 @@ carries what the benchmark needs to search it:
 
     base        the correct design it mutates
     hazards     the workload hazards searched: ones the base design is clean under, so a detection is
-                the mutation's (`racefuzz.strategies.HAZARDS` plus the opt-in `paged-get-last-loc`)
+                the mutation's (`racefuzz.scenarios.sglang.strategies.HAZARDS` plus the opt-in `paged-get-last-loc`)
     plan_stream True when the mutated code only runs with DFLASH's plan stream; None lets workloads draw it
     equivalent  None, or why no schedule of the scenario can tell it from its base (an equivalent mutant:
                 reported, not counted in the kill rate)
@@ -19,8 +19,8 @@ Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `l
 
 from __future__ import annotations
 
-from racefuzz.designs.global_war import apply_war_barrier
-from racefuzz.strategies import ALL_HAZARDS, HAZARDS
+from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
+from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS
 
 ALL = ALL_HAZARDS
 """Every hazard, the opt-in page_size > 1 read included: the base `war-after-launch` is clean under all."""

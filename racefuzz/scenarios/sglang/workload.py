@@ -1,8 +1,8 @@
 """The workload of the sglang overlap scenario: which requests arrive, how they prefill and decode.
 
 A workload is plain data (JSON round-trips exactly), so that a counterexample can be written to a replay
-file and re-run. Hypothesis draws workloads in `racefuzz.strategies`; shrinking moves every field toward
-its simplest value (fewer requests, one chunk, accept length 1, no rewrites, no plan stream).
+file and re-run. Hypothesis draws workloads in `racefuzz.scenarios.sglang.strategies`; shrinking moves
+every field toward its simplest value (fewer requests, one chunk, accept length 1, no rewrites, no plan stream).
 """
 
 from __future__ import annotations

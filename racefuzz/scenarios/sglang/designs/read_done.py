@@ -8,7 +8,7 @@ after a prefill takes the coarse `wait_stream(forward_stream)` fallback.
 
 from __future__ import annotations
 
-from racefuzz.designs.global_war import apply_war_barrier
+from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
 
 
 class ReadDone:

@@ -8,7 +8,7 @@ just-launched forward's reads; iterations with no batch apply no barrier. The re
 
 from __future__ import annotations
 
-from racefuzz.designs.global_war import apply_war_barrier
+from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
 
 
 class WarAfterLaunch:

@@ -1,0 +1,37 @@
+"""`racefuzz compare`: the correctness and the cost of sync designs of one scenario, side by side.
+
+What a comparison measures -- its workloads, its cost model -- is the scenario's: a scenario that has one
+offers it as `compare_command(designs, backend, args)` (sglang's overlap loop does:
+`racefuzz.scenarios.sglang.compare`). This module loads and checks the designs and hands them over.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from racefuzz.backends import resolve_backend
+from racefuzz.designs import Design, load_design
+from racefuzz.errors import InvalidArgument
+
+
+def parse_designs(text: str) -> list[Design]:
+    """At least two distinct designs of one scenario, from `--designs A,B,...`."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if len(names) < 2:
+        raise InvalidArgument(f"--designs needs at least two designs to compare, got {names or [text]}")
+    if len(set(names)) != len(names):
+        raise InvalidArgument(f"--designs names a design twice: {names}")
+    designs = [load_design(name) for name in names]
+    scenarios = {d.scenario.name for d in designs}
+    if len(scenarios) > 1:
+        raise InvalidArgument(f"--designs mixes scenarios ({', '.join(sorted(scenarios))}); compare one at a time")
+    return designs
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    designs = parse_designs(args.designs)
+    scenario = designs[0].scenario
+    run = getattr(scenario, "compare_command", None)
+    if run is None:
+        raise InvalidArgument(f"the {scenario.name} scenario has no cost comparison")
+    return run(designs, resolve_backend(args.backend), args)

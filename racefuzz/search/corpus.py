@@ -1,0 +1,83 @@
+"""Failures a search found, kept in a Hypothesis example database and tried first on the next run.
+
+Hypothesis keeps a test's failing examples in its example database and replays them before generating
+anything -- but not for seeded tests, and racefuzz searches are seeded (the same seed draws the same
+examples). So racefuzz keeps its own entries in the same kind of database: any
+`hypothesis.database.ExampleDatabase` (a local `DirectoryBasedExampleDatabase(".hypothesis/examples")`,
+the default of Hypothesis' settings; a `RedisExampleDatabase` or a `GitHubArtifactDatabase` shared by a CI
+fleet; a `MultiplexedDatabase` of several). An entry is one example's draw -- (workload bytes, schedule
+bytes) -- under a key that names everything that decides what those bytes mean: the scenario, the design,
+the hazards and workload options, the delay strategy and its parameters.
+
+A saved entry that no longer fails (the design was fixed) is deleted, as Hypothesis does with its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from racefuzz.search.pipeline import Draw
+
+if TYPE_CHECKING:
+    from hypothesis.database import ExampleDatabase
+
+KEY_PREFIX = b"racefuzz-search."
+
+
+def corpus_key(**what: object) -> bytes:
+    """The database key of a search: a digest of everything that gives its drawn bytes their meaning."""
+    text = json.dumps({k: _plain(v) for k, v in what.items()}, sort_keys=True)
+    return KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32].encode()
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)  # type: ignore[type-var]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in sorted(value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+class Corpus:
+    """The saved failures of one search key in `database` (None: nothing is saved or replayed)."""
+
+    def __init__(self, database: ExampleDatabase | None, key: bytes) -> None:
+        self.database = database
+        self.key = key
+
+    def saved(self) -> list[Draw]:
+        """The saved draws, oldest encoding first; entries this racefuzz cannot read are skipped."""
+        if self.database is None:
+            return []
+        draws = []
+        for value in self.database.fetch(self.key):
+            draw = _decode(value)
+            if draw is not None:
+                draws.append(draw)
+        return sorted(draws, key=lambda d: (len(d[0]) + len(d[1]), d))
+
+    def save(self, draw: Draw) -> None:
+        if self.database is not None:
+            self.database.save(self.key, _encode(draw))
+
+    def delete(self, draws: Iterable[Draw]) -> None:
+        if self.database is not None:
+            for draw in draws:
+                self.database.delete(self.key, _encode(draw))
+
+
+def _encode(draw: Draw) -> bytes:
+    return json.dumps({"workload": draw[0].hex(), "schedule": draw[1].hex()}, sort_keys=True).encode()
+
+
+def _decode(value: bytes) -> Draw | None:
+    try:
+        data = json.loads(value)
+        return bytes.fromhex(data["workload"]), bytes.fromhex(data["schedule"])
+    except (ValueError, KeyError, TypeError):
+        return None
