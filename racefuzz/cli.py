@@ -1,8 +1,11 @@
-"""The `racefuzz` command.
+"""The `racefuzz` command: parses the arguments and dispatches to `racefuzz.commands.*`.
 
-Exit codes: 0 no race found (and the negative control was caught), 1 a race was found (the report is on
-disk before it is printed), 2 usage or configuration error (one line on stderr), 3 inconclusive: the
-negative control was not caught, so "no race" would mean nothing.
+Exit codes (`racefuzz.exitcodes.ExitCode`): 0 no race found (and the negative control was caught), 1 a race
+was found (the report is on disk before it is printed), 2 usage or configuration error (one line on
+stderr), 3 inconclusive: the negative control was not caught, so "no race" would mean nothing.
+
+Only the console entry point (`racefuzz = "racefuzz.cli:main"`) and `python -m racefuzz.cli` import this
+module; the subcommands take their exit codes from `racefuzz.exitcodes`.
 """
 
 from __future__ import annotations
@@ -15,15 +18,17 @@ from pathlib import Path
 
 from racefuzz import __version__
 from racefuzz.errors import InvalidArgument, RacefuzzError
+from racefuzz.exitcodes import ExitCode
 
-EXIT_CLEAN, EXIT_RACE, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+# Aliases for callers that still import them from here (some tests); new code uses `ExitCode`.
+EXIT_CLEAN, EXIT_RACE = ExitCode.CLEAN, ExitCode.RACE
+EXIT_USAGE, EXIT_INCONCLUSIVE = ExitCode.USAGE, ExitCode.INCONCLUSIVE
 BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
-CONTROL_DESIGN = "none"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
-        self.exit(EXIT_USAGE, f"racefuzz: error: {message}\n")
+        self.exit(ExitCode.USAGE, f"racefuzz: error: {message}\n")
 
 
 def _int_at_least(minimum: int, what: str):
@@ -153,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--repeat", type=_positive_int, default=1, help="runs (default 1; 5 is sensible on GPU)")
     replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
 
-    bench = commands.add_parser("bench", help="benchmarks; raw output goes to docs/results/")
+    bench = commands.add_parser("bench", help="benchmarks: print a table; --json (and for matrix --out) write files")
     bench.add_argument(
         "which",
         nargs="?",
@@ -163,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--backend", choices=("sim", "cuda"), default="sim", help="for `mutants` (default sim)")
     bench.add_argument("--json", type=Path, help="write the raw figures here")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        help="for `matrix`: write each racy cell's replay file and report under DIR/counterexamples/ "
+        "(default: write none; the committed ones are regenerated with --out docs/results)",
+    )
     return parser
 
 
@@ -185,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             width = max(map(len, listed))
             for name, design in listed.items():
                 print(f"{name:{width}}  {describe(design)}")
-            return EXIT_CLEAN
+            return ExitCode.CLEAN
         if args.command == "replay":
             from racefuzz.commands.replay import replay_command
 
@@ -194,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bench(args)
     except RacefuzzError as exc:
         print(f"racefuzz: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt:
         print("racefuzz: interrupted", file=sys.stderr)
         return 130
@@ -206,18 +217,22 @@ def _bench(args: argparse.Namespace) -> int:
 
     from racefuzz.backend import resolve_backend
 
+    if args.backend != "sim" and args.which != "mutants":
+        raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")
+    if args.out is not None and args.which != "matrix":
+        raise InvalidArgument(f"--out applies to `racefuzz bench matrix` only, not to {args.which}")
     bench = importlib.import_module(f"racefuzz.bench.{args.which}")
     if args.which == "mutants":
         results = bench.run(backend=resolve_backend(args.backend))
+    elif args.which == "matrix":
+        results = bench.run(out=args.out)
     else:
-        if args.backend != "sim":
-            raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")
         results = bench.run()
     print(bench.render(results))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return EXIT_CLEAN
+    return ExitCode.CLEAN
 
 
 if __name__ == "__main__":

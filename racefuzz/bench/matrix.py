@@ -2,11 +2,19 @@
 
 For every cell, a search on the simulator restricted to that one hazard gives both verdicts --
 manifested corruption (some schedule made a forward read a clobbered value) and happens-before (an
-unordered conflicting pair exists) -- and, for a racy cell, the shrunk counterexample, whose replay file
-and report are written under `docs/results/counterexamples/`. The `plan-stream` column runs with the
-plan stream on and no other hazard. It doubles as the shrinking benchmark: each counterexample's size
-(requests, iterations, non-zero delays) and the seconds spent shrinking it (Hypothesis, then
-`racefuzz.minimize`) after the first detection.
+unordered conflicting pair exists) -- and, for a racy cell, the shrunk counterexample. The `plan-stream`
+column runs with the plan stream on and no other hazard. It doubles as the shrinking benchmark: each
+counterexample's size (requests, iterations, non-zero delays) and the seconds spent shrinking it
+(Hypothesis, then `racefuzz.minimize`) after the first detection.
+
+By default it writes nothing: it prints the table (Markdown), and `--json PATH` writes the raw figures.
+`--out DIR` also writes each racy cell's replay file and report under `DIR/counterexamples/<design>.<hazard>/`
+(paths relative to the working directory, as given). The committed matrix of docs/designs.md is regenerated
+from the repository root with
+
+    racefuzz bench matrix --out docs/results --json docs/results/design-matrix.json > docs/results/design-matrix.md
+
+after removing the old `docs/results/counterexamples/` (file names are content hashes).
 """
 
 from __future__ import annotations
@@ -27,10 +35,14 @@ from racefuzz.strategies import HAZARDS
 EXAMPLES = 2000
 CONTROLS = {"plan-stream": "mutant-plan-exit-self-wait"}
 """The negative control per hazard where `none` is not one (see racefuzz/designs/mutants.py)."""
-COUNTEREXAMPLE_DIR = Path("docs/results/counterexamples")
+COUNTEREXAMPLES = "counterexamples"
+"""The folder under `--out` that receives one sub-folder of replay file and report per racy cell."""
 
 
-def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR) -> dict[str, object]:
+def run(examples: int | None = None, out: Path | None = None) -> dict[str, object]:
+    """Search every (built-in design, hazard) cell with up to `examples` examples (default `EXAMPLES`); with
+    `out`, write the counterexamples under `out/counterexamples/` (nothing is written without it)."""
+    examples = EXAMPLES if examples is None else examples
     sim = executor("sim")
     cells = []
     for name in BUILTIN:
@@ -59,14 +71,15 @@ def run(examples: int = EXAMPLES, counterexample_dir: Path = COUNTEREXAMPLE_DIR)
             }
             if c is not None:
                 assert c.oracle is not None
-                replay = ReplayFile(name, "sim", 0, c.workload, c.schedule, c.oracle, __version__)
-                path = write_replay(replay, counterexample_dir / f"{name}.{hazard}")
-                text = render_report(c, design=name, backend="sim", replay_path=path)
-                path.with_suffix(".txt").write_text(text + "\n")
+                if out is not None:
+                    replay = ReplayFile(name, "sim", 0, c.workload, c.schedule, c.oracle, __version__)
+                    path = write_replay(replay, out / COUNTEREXAMPLES / f"{name}.{hazard}")
+                    text = render_report(c, design=name, backend="sim", replay_path=path)
+                    path.with_suffix(".txt").write_text(text + "\n")
+                    cell["replay_file"] = str(path)
                 race = primary_race(c)
                 cell.update(
                     shrink_seconds=round(result.seconds - (result.first_detection_seconds or 0.0), 3),
-                    replay_file=str(path),
                     requests=len(c.workload.requests),
                     iterations=c.workload.iterations,
                     nonzero_delays=c.schedule.nonzero_delays,
@@ -140,15 +153,16 @@ def render(results: dict[str, object]) -> str:
     lines += [
         "",
         "Minimal counterexamples (shrunk by Hypothesis, then minimized structurally; replay with "
-        "`racefuzz replay FILE`):",
+        "`racefuzz replay FILE`; written with `--out DIR` only):",
         "",
     ]
     lines.append("| design | hazard | race | requests | iterations | non-zero delays | shrink s | replay file |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for c in cells:
-        if "replay_file" in c:
+        if "requests" in c:  # a racy cell: its shrunk counterexample
+            replay_file = f"`{c['replay_file']}`" if c.get("replay_file") else "-"
             lines.append(
                 f"| `{c['design']}` | {c['hazard']} | {c['race']} | {c['requests']} | {c['iterations']} | "
-                f"{c['nonzero_delays']} | {c['shrink_seconds']:.2f} | `{c['replay_file']}` |"
+                f"{c['nonzero_delays']} | {c['shrink_seconds']:.2f} | {replay_file} |"
             )
     return "\n".join(lines)

@@ -11,13 +11,12 @@ import argparse
 from racefuzz.backend import executor, resolve_backend
 from racefuzz.designs import load_design
 from racefuzz.errors import ReplayError
+from racefuzz.exitcodes import ExitCode
 from racefuzz.report import load_replay, render
 from racefuzz.search import explain, judge
 
 
-def replay_command(args: argparse.Namespace) -> int:
-    from racefuzz.cli import EXIT_CLEAN, EXIT_RACE
-
+def replay_command(args: argparse.Namespace) -> ExitCode:
     replay = load_replay(args.file)
     try:
         design = load_design(replay.design)
@@ -30,9 +29,9 @@ def replay_command(args: argparse.Namespace) -> int:
     shown = next((o for o in outcomes if o.corruptions), outcomes[0])
     if shown.oracle is None:
         print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
-        return EXIT_CLEAN
+        return ExitCode.CLEAN
     shown = explain(shown, backend)
     print(render(shown, design=replay.design, backend=backend, replay_path=args.file))
     if replay.oracle == "corruption":
         print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
-    return EXIT_RACE
+    return ExitCode.RACE

@@ -7,7 +7,9 @@ import json
 
 from racefuzz import __version__
 from racefuzz.backend import executor, resolve_backend
+from racefuzz.defaults import CONTROL_DESIGN
 from racefuzz.designs import load_design
+from racefuzz.exitcodes import ExitCode
 from racefuzz.progress import progress
 from racefuzz.report import save_counterexample
 from racefuzz.search import SearchResult, search
@@ -65,9 +67,7 @@ def summary(result: SearchResult) -> dict[str, object]:
     }
 
 
-def run_command(args: argparse.Namespace) -> int:
-    from racefuzz.cli import CONTROL_DESIGN, EXIT_CLEAN, EXIT_INCONCLUSIVE, EXIT_RACE
-
+def run_command(args: argparse.Namespace) -> ExitCode:
     backend = resolve_backend(args.backend)
     design = load_design(args.design)
     print(
@@ -102,16 +102,16 @@ def run_command(args: argparse.Namespace) -> int:
             f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "
             f"report in {replay_path.with_suffix('.txt')}"
         )
-        return EXIT_RACE
+        return ExitCode.RACE
     _write_json(args, report)
     if control is not None and not control.found:
         print(
             f"INCONCLUSIVE: no race in {design.name} over {result.examples} examples, but the negative control was not "
             "caught either; raise --examples or widen --hazards"
         )
-        return EXIT_INCONCLUSIVE
+        return ExitCode.INCONCLUSIVE
     print(f"no race found in design {design.name} over {result.examples} examples ({result.seconds:.1f} s)")
-    return EXIT_CLEAN
+    return ExitCode.CLEAN
 
 
 def _write_json(args: argparse.Namespace, report: dict[str, object]) -> None:
