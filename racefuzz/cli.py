@@ -51,7 +51,7 @@ _non_negative_int = _int_at_least(0, "a non-negative integer")
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
-    from racefuzz.strategies import ALL_HAZARDS
+    from racefuzz.scenarios.sglang import ALL_HAZARDS
 
     names = tuple(h.strip() for h in text.split(",") if h.strip())
     unknown = [h for h in names if h not in ALL_HAZARDS]
@@ -61,10 +61,10 @@ def _hazard_list(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from racefuzz.backend import BACKENDS
+    from racefuzz.backends import BACKENDS
     from racefuzz.report import DEFAULT_REPORT_DIR
-    from racefuzz.search import STRATEGIES
-    from racefuzz.strategies import HAZARDS
+    from racefuzz.scenarios.sglang import HAZARDS
+    from racefuzz.schedulers import STRATEGIES
 
     parser = _Parser(prog="racefuzz", description="Fuzz CUDA stream-ordering races (WAR on req_to_token).")
     parser.add_argument("--version", action="version", version=f"racefuzz {__version__}")
@@ -189,10 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return compare_command(args)
         if args.command == "designs":
-            from racefuzz.designs import BUILTIN, describe
-            from racefuzz.designs.mutants import MUTANTS
+            from racefuzz.designs import describe
+            from racefuzz.scenarios import get_scenario
 
-            listed = MUTANTS if args.mutants else BUILTIN
+            scenario = get_scenario()
+            listed = scenario.mutants() if args.mutants else scenario.designs()
             width = max(map(len, listed))
             for name, design in listed.items():
                 print(f"{name:{width}}  {describe(design)}")
@@ -215,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import importlib
 
-    from racefuzz.backend import resolve_backend
+    from racefuzz.backends import resolve_backend
 
     if args.backend != "sim" and args.which != "mutants":
         raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")

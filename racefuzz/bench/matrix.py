@@ -24,17 +24,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.backend import executor
-from racefuzz.designs import BUILTIN, load_design
+from racefuzz.backends import executor
+from racefuzz.designs import load_design
 from racefuzz.progress import progress
 from racefuzz.report import ReplayFile, primary_race, write_replay
 from racefuzz.report import render as render_report
+from racefuzz.scenarios import get_scenario
+from racefuzz.scenarios.sglang import HAZARDS
 from racefuzz.search import search
-from racefuzz.strategies import HAZARDS
 
 EXAMPLES = 2000
 CONTROLS = {"plan-stream": "mutant-plan-exit-self-wait"}
-"""The negative control per hazard where `none` is not one (see racefuzz/designs/mutants.py)."""
+"""The negative control per hazard where the scenario's (`none`) is not one (see
+racefuzz/scenarios/sglang/mutants.py)."""
 COUNTEREXAMPLES = "counterexamples"
 """The folder under `--out` that receives one sub-folder of replay file and report per racy cell."""
 
@@ -44,8 +46,9 @@ def run(examples: int | None = None, out: Path | None = None) -> dict[str, objec
     `out`, write the counterexamples under `out/counterexamples/` (nothing is written without it)."""
     examples = EXAMPLES if examples is None else examples
     sim = executor("sim")
+    scenario = get_scenario()  # sglang's overlap loop
     cells = []
-    for name in BUILTIN:
+    for name in scenario.designs():
         design = load_design(name)
         for hazard in HAZARDS:
             plan_stream = hazard == "plan-stream"
@@ -72,9 +75,9 @@ def run(examples: int | None = None, out: Path | None = None) -> dict[str, objec
             if c is not None:
                 assert c.oracle is not None
                 if out is not None:
-                    replay = ReplayFile(name, "sim", 0, c.workload, c.schedule, c.oracle, __version__)
+                    replay = ReplayFile(name, "sim", 0, c.workload, c.schedule, c.oracle, __version__, scenario)
                     path = write_replay(replay, out / COUNTEREXAMPLES / f"{name}.{hazard}")
-                    text = render_report(c, design=name, backend="sim", replay_path=path)
+                    text = render_report(c, design=name, backend="sim", replay_path=path, scenario=scenario)
                     path.with_suffix(".txt").write_text(text + "\n")
                     cell["replay_file"] = str(path)
                 race = primary_race(c)
@@ -93,7 +96,7 @@ def run(examples: int | None = None, out: Path | None = None) -> dict[str, objec
     # where it races; the plan-stream column, where even `none` is clean, uses a broken plan-stream exit.
     controls = []
     for hazard in HAZARDS:
-        name = CONTROLS.get(hazard, "none")
+        name = CONTROLS.get(hazard, scenario.control_design)
         caught = search(
             load_design(name),
             sim,
@@ -139,7 +142,7 @@ def render(results: dict[str, object]) -> str:
         "| design | " + " | ".join(HAZARDS) + " |",
         "|---|" + "---|" * len(HAZARDS),
     ]
-    for name in BUILTIN:
+    for name in dict.fromkeys(c["design"] for c in cells):
         row = [c for c in cells if c["design"] == name]
         lines.append(f"| `{name}` | " + " | ".join(_verdict(c) for c in row) + " |")
     controls = results.get("controls", [])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from racefuzz.backend import executor, resolve_backend
+from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import load_design
 from racefuzz.errors import ReplayError
 from racefuzz.exitcodes import ExitCode
@@ -19,7 +19,7 @@ from racefuzz.search import explain, judge
 def replay_command(args: argparse.Namespace) -> ExitCode:
     replay = load_replay(args.file)
     try:
-        design = load_design(replay.design)
+        design = load_design(replay.design, replay.scenario)
     except Exception as exc:
         raise ReplayError(f"{args.file}: design {replay.design!r}: {exc}") from None
     backend = resolve_backend(args.backend or replay.backend)
@@ -31,7 +31,7 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
         print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
         return ExitCode.CLEAN
     shown = explain(shown, backend)
-    print(render(shown, design=replay.design, backend=backend, replay_path=args.file))
+    print(render(shown, design=replay.design, backend=backend, replay_path=args.file, scenario=replay.scenario))
     if replay.oracle == "corruption":
         print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
     return ExitCode.RACE

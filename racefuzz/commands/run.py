@@ -6,8 +6,7 @@ import argparse
 import json
 
 from racefuzz import __version__
-from racefuzz.backend import executor, resolve_backend
-from racefuzz.defaults import CONTROL_DESIGN
+from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import load_design
 from racefuzz.exitcodes import ExitCode
 from racefuzz.progress import progress
@@ -75,15 +74,16 @@ def run_command(args: argparse.Namespace) -> ExitCode:
         f"hazards {','.join(args.hazards)}"
     )
     control = None
-    if design.name != CONTROL_DESIGN and not args.no_control:
-        control = run_search(load_design(CONTROL_DESIGN), args, backend, shrink=False)
+    control_design = design.scenario.control_design  # the negative control, defined once by the scenario
+    if design.name != control_design and not args.no_control:
+        control = run_search(load_design(control_design, design.scenario), args, backend, shrink=False)
         if control.found:
             print(
-                f"negative control `{CONTROL_DESIGN}`: caught after {control.first_detection_example} example(s) "
+                f"negative control `{control_design}`: caught after {control.first_detection_example} example(s) "
                 f"({control.counterexample.oracle})"
             )
         else:
-            print(f"negative control `{CONTROL_DESIGN}`: NOT caught in {control.examples} examples")
+            print(f"negative control `{control_design}`: NOT caught in {control.examples} examples")
 
     result = run_search(design, args, backend)
     if result.flaky:

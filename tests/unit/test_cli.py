@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
-from racefuzz.cli import EXIT_CLEAN, EXIT_RACE, EXIT_USAGE, main
-from racefuzz.designs import BUILTIN
+from racefuzz.cli import main
+from racefuzz.exitcodes import ExitCode
+from racefuzz.scenarios.sglang.designs import BUILTIN
+
+EXIT_CLEAN, EXIT_RACE, EXIT_USAGE = ExitCode.CLEAN, ExitCode.RACE, ExitCode.USAGE
+PACKAGE = Path(__file__).resolve().parents[2] / "racefuzz"
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -122,7 +127,7 @@ def test_bad_replay_files(capsys, tmp_path: Path, content: str, message: str) ->
 
 
 def test_cuda_backend_without_a_gpu_is_a_one_line_error(capsys) -> None:
-    from racefuzz.backend import cuda_unavailable_reason
+    from racefuzz.backends import cuda_unavailable_reason
 
     if cuda_unavailable_reason() is None:
         pytest.skip("a GPU is usable here")
@@ -131,7 +136,7 @@ def test_cuda_backend_without_a_gpu_is_a_one_line_error(capsys) -> None:
 
 
 def test_designs_mutants_lists_the_catalogue(capsys) -> None:
-    from racefuzz.designs.mutants import MUTANTS
+    from racefuzz.scenarios.sglang.mutants import MUTANTS
 
     code, out, _ = run(capsys, "designs", "--mutants")
     assert code == EXIT_CLEAN
@@ -157,3 +162,59 @@ def test_run_with_the_pct_strategy_catches_a_mutant(capsys, tmp_path: Path) -> N
     )
     assert code == EXIT_RACE, out
     assert "negative control `none`: caught" in out
+
+
+def test_exit_codes_are_the_documented_integers() -> None:
+    assert {code.name: int(code) for code in ExitCode} == {"CLEAN": 0, "RACE": 1, "USAGE": 2, "INCONCLUSIVE": 3}
+    import racefuzz.exitcodes
+
+    doc = racefuzz.exitcodes.__doc__ or ""
+    assert all(f"| {int(code)} | `{code.name}` |" in doc for code in ExitCode), "the docstring table lists every code"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_module_of_the_package_imports_the_cli() -> None:
+    # The console entry point is the only way in: subcommands take exit codes from racefuzz.exitcodes.
+    importers = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "cli.py" and "racefuzz.cli" in _imported_modules(path)
+    )
+    assert importers == []
+
+
+def test_bench_out_and_backend_apply_to_their_benchmarks_only(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "bench", "engine", "--out", str(tmp_path))
+    assert code == EXIT_USAGE and "--out applies to `racefuzz bench matrix` only" in err
+    code, _, err = run(capsys, "bench", "matrix", "--backend", "cuda")
+    assert code == EXIT_USAGE and "--backend applies to `racefuzz bench mutants` only" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_matrix_writes_files_only_where_asked(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from racefuzz.bench import matrix
+
+    monkeypatch.setattr(matrix, "EXAMPLES", 20)
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "bench", "matrix")
+    assert code == EXIT_CLEAN and "| `none` |" in out
+    assert list(tmp_path.iterdir()) == [], "without --out or --json nothing is written (no ./docs/results/)"
+
+    code, out, _ = run(capsys, "bench", "matrix", "--out", "results", "--json", "matrix.json")
+    assert code == EXIT_CLEAN
+    cells = json.loads((tmp_path / "matrix.json").read_text())["cells"]
+    written = [Path(c["replay_file"]) for c in cells if c.get("replay_file")]
+    assert written and all(path.parts[:2] == ("results", "counterexamples") for path in written)
+    assert all(path.exists() and path.with_suffix(".txt").exists() for path in written)
+    assert all(f"`{path}`" in out for path in written), "the table names the files it wrote"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.json", "results"]
