@@ -1,9 +1,18 @@
 """racefuzz's pytest plugin: options, the `cuda` marker, fixtures, Hypothesis profiles, xdist GPU pinning.
 
-Registered through the `pytest11` entry point. It imports only pytest at load time (`racefuzz/__init__`
-is lazy); the rest of racefuzz (and with it numpy, Hypothesis strategies, and torch only for the CUDA
-backend) is imported when a fixture or a `cuda`-marked test needs it, so installing racefuzz costs other
-test suites nothing.
+Registered through the `pytest11` entry point, so it is loaded by every pytest session of an environment
+where racefuzz is installed, and it is polite: a session that uses none of racefuzz's options, fixtures or
+markers sees nothing of it but the option group and the `cuda` marker's description. It imports only pytest
+and the standard library at load time (`racefuzz/__init__` is lazy), and until the session is found to use
+racefuzz it imports neither Hypothesis nor numpy nor torch, runs no `nvidia-smi` and leaves
+`CUDA_VISIBLE_DEVICES` alone.
+
+A session uses racefuzz when one of the `--racefuzz-*` options (or `racefuzz_*` ini values) is given, when
+the Hypothesis profile asked for is one of racefuzz's (`--hypothesis-profile racefuzz-*`), or when a
+collected test uses a racefuzz fixture (`racefuzz_config`, `racefuzz_backend`) or has the `cuda` marker.
+The first two are known at `pytest_configure`, the others at the end of collection, which is before any
+test runs; racefuzz then validates its settings, registers its Hypothesis profiles and, on an xdist worker,
+pins the worker to a GPU (which must happen before the worker initializes CUDA).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,20 +35,30 @@ EXAMPLES_OPTION = "--racefuzz-examples"
 SEED_OPTION = "--racefuzz-seed"
 REPORT_DIR_OPTION = "--racefuzz-report-dir"
 _ALL_OPTIONS = (BACKEND_OPTION, EXAMPLES_OPTION, SEED_OPTION, REPORT_DIR_OPTION)
-BACKENDS = ("auto", "sim", "cuda")
+_INI_NAMES = ("racefuzz_backend", "racefuzz_report_dir")
+DEFAULT_BACKEND = "auto"
+DEFAULT_REPORT_DIR = ".racefuzz"
 PROFILES = {"racefuzz-dev": 100, "racefuzz-ci": 1000, "racefuzz-thorough": 10_000}
 """Hypothesis profiles racefuzz registers, by max examples; select one with `--hypothesis-profile`. They are
 prefixed because Hypothesis ships a `ci` profile of its own (and projects often have `dev`)."""
+DERANDOMIZED_PROFILES = frozenset({"racefuzz-ci"})
+"""The profiles whose examples are derandomized: the same on every run, so CI is reproducible."""
+FIXTURES = frozenset({"racefuzz_config", "racefuzz_backend"})
+"""racefuzz's fixtures: a collected test that uses one (directly or through another fixture) makes the
+session use racefuzz."""
+CUDA_MARKER = "cuda"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("racefuzz", "CUDA stream-race fuzzing (racefuzz)")
+    # The backend names are racefuzz.backends.BACKENDS; that package imports numpy, so it is imported only when
+    # a value is validated (tests/plugin checks that this help names every one of them).
     group.addoption(
         BACKEND_OPTION,
         dest="racefuzz_backend",
         default=None,
-        metavar="auto|sim|cuda",
-        help="backend for racefuzz fixtures; default auto: the GPU when usable, else the simulator",
+        metavar="BACKEND",
+        help="backend for racefuzz fixtures: auto, sim or cuda; default auto: the GPU when usable, else the simulator",
     )
     group.addoption(
         EXAMPLES_OPTION,
@@ -57,11 +77,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="where replay files, reports and timelines of failures go; default .racefuzz/",
     )
-    parser.addini("racefuzz_backend", "default for --racefuzz-backend", default="auto")
-    parser.addini("racefuzz_report_dir", "default for --racefuzz-report-dir", default=".racefuzz")
+    # No ini defaults: an empty value means "not set", and a set one makes the session use racefuzz.
+    parser.addini("racefuzz_backend", f"default for {BACKEND_OPTION} ({DEFAULT_BACKEND} when unset)")
+    parser.addini("racefuzz_report_dir", f"default for {REPORT_DIR_OPTION} ({DEFAULT_REPORT_DIR} when unset)")
 
 
 def parse_backend(text: str) -> str:
+    from racefuzz.backends import BACKENDS  # one definition; imports numpy, neither torch nor Hypothesis
+
     if text not in BACKENDS:
         raise pytest.UsageError(f"{BACKEND_OPTION}: expected one of {', '.join(BACKENDS)}, got {text!r}")
     return text
@@ -96,34 +119,66 @@ _SETTINGS = pytest.StashKey[dict]()
 def pytest_cmdline_main(config: pytest.Config) -> None:
     # Hypothesis' plugin loads `--hypothesis-profile` in its pytest_configure, which pytest may call
     # before ours: register racefuzz's profiles earlier, and only when one of them is asked for.
-    profile = config.getoption("hypothesis_profile", None)
-    if profile in PROFILES:
+    if _asks_for_a_racefuzz_profile(config):
         _register_hypothesis_profiles()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "cuda: needs an NVIDIA GPU with torch CUDA and CuPy; skipped with the reason otherwise"
+        "markers", f"{CUDA_MARKER}: needs an NVIDIA GPU with torch CUDA and CuPy; skipped with the reason otherwise"
     )
-    # Validate now, so a bad value is one usage error before anything is collected.
-    backend = config.getoption("racefuzz_backend") or config.getini("racefuzz_backend")
+    if _options_given(config) or _asks_for_a_racefuzz_profile(config):
+        # Validate now, so a bad value is one usage error before anything is collected.
+        _activate(config)
+
+
+def _options_given(config: pytest.Config) -> bool:
+    """Whether the command line or the ini file sets any racefuzz option."""
+    given = any(config.getoption(_dest(option)) is not None for option in _ALL_OPTIONS)
+    return given or any(config.getini(name) for name in _INI_NAMES)
+
+
+def _asks_for_a_racefuzz_profile(config: pytest.Config) -> bool:
+    return config.getoption("hypothesis_profile", None) in PROFILES
+
+
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def _uses_racefuzz(item: pytest.Item) -> bool:
+    """Whether a collected test uses a racefuzz fixture (directly or through others) or the `cuda` marker."""
+    if item.get_closest_marker(CUDA_MARKER) is not None:
+        return True
+    return not FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def _activate(config: pytest.Config) -> dict:
+    """The session uses racefuzz: validate its settings, pin an xdist worker to a GPU, register the Hypothesis
+    profiles. Once per session; returns the settings."""
+    if _SETTINGS in config.stash:
+        return config.stash[_SETTINGS]
+    backend = config.getoption("racefuzz_backend") or config.getini("racefuzz_backend") or DEFAULT_BACKEND
     examples = config.getoption("racefuzz_examples")
     seed = config.getoption("racefuzz_seed")
-    config.stash[_SETTINGS] = {
+    report_dir = config.getoption("racefuzz_report_dir") or config.getini("racefuzz_report_dir") or DEFAULT_REPORT_DIR
+    settings = {
         "backend": parse_backend(backend),
         "examples": None if examples is None else parse_examples(examples),
         "seed": 0 if seed is None else parse_seed(seed),
-        "report_dir": Path(config.getoption("racefuzz_report_dir") or config.getini("racefuzz_report_dir")),
-        "gpu": _pin_xdist_worker_to_gpu(),
+        "report_dir": Path(report_dir),
     }
+    settings["gpu"] = _pin_xdist_worker_to_gpu()
+    config.stash[_SETTINGS] = settings
     _register_hypothesis_profiles()
-    if config.stash[_SETTINGS]["backend"] == "cuda":
+    if settings["backend"] == "cuda":
         # Asked for explicitly: say at once, in one line, when it cannot work here.
-        from racefuzz.backend import cuda_unavailable_reason
+        from racefuzz.backends import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise pytest.UsageError(f"{BACKEND_OPTION} cuda: {reason}")
+    return settings
 
 
 def _gpu_count() -> int | None:
@@ -171,12 +226,12 @@ def _register_hypothesis_profiles() -> None:
             max_examples=examples,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
-            derandomize=name == "ci",
+            derandomize=name in DERANDOMIZED_PROFILES,
         )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    if not any(config.getoption(opt.lstrip("-").replace("-", "_")) for opt in _ALL_OPTIONS):
+    if not any(config.getoption(_dest(option)) for option in _ALL_OPTIONS):
         return None
     s = config.stash[_SETTINGS]
     return (
@@ -185,11 +240,14 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     )
 
 
+@pytest.hookimpl(trylast=True)  # after conftests added markers and `-m`/`-k` deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if _SETTINGS not in config.stash and any(_uses_racefuzz(item) for item in items):
+        _activate(config)  # before any test runs, and so before any initializes CUDA
+    cuda_items = [item for item in items if item.get_closest_marker(CUDA_MARKER) is not None]
     if not cuda_items:
         return
-    from racefuzz.backend import cuda_unavailable_reason
+    from racefuzz.backends import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason is not None:
@@ -210,7 +268,7 @@ def racefuzz_config(pytestconfig: pytest.Config):
 
     from racefuzz.testing import Config
 
-    s = pytestconfig.stash[_SETTINGS]
+    s = _activate(pytestconfig)  # normally done at collection; here too for `request.getfixturevalue`
     examples = s["examples"] or settings().max_examples
     return Config(backend=s["backend"], examples=examples, seed=s["seed"], report_dir=s["report_dir"])
 
@@ -226,22 +284,32 @@ def racefuzz_backend(racefuzz_config) -> str:
         raise pytest.UsageError(str(exc)) from None
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _racefuzz_worker_log() -> None:
-    """Diagnostics: with RACEFUZZ_WORKER_LOG=FILE, every test process appends which GPU it runs on (its
-    xdist worker id, CUDA_VISIBLE_DEVICES, device 0's name and UUID) -- evidence of the GPU pinning."""
+# -------------------------------------------------------------------------------------------------------
+# diagnostics
+# -------------------------------------------------------------------------------------------------------
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With RACEFUZZ_WORKER_LOG=FILE, every test process appends which GPU it ran on (its xdist worker id,
+    CUDA_VISIBLE_DEVICES, device 0's name and UUID) -- evidence of the GPU pinning.
+
+    The device is asked of torch only when the session already imported torch (its tests used the CUDA
+    backend): this diagnostic never imports torch, nor initializes CUDA in a process that did not.
+    """
     log = os.environ.get("RACEFUZZ_WORKER_LOG")
     if not log:
         return
-    device = "no CUDA device"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            device = f"{props.name} {getattr(props, 'uuid', '')}"
-    except ImportError:
-        pass
+    device = "unknown (torch not used in this process)"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                props = torch.cuda.get_device_properties(0)
+                device = f"{props.name} {getattr(props, 'uuid', '')}"
+            else:
+                device = "no CUDA device"
+        except Exception as exc:  # a diagnostic must not fail the session
+            device = f"unknown ({type(exc).__name__}: {exc})"
     with open(log, "a") as handle:
         handle.write(
             f"worker {os.environ.get('PYTEST_XDIST_WORKER', 'main')}: "

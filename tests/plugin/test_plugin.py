@@ -6,11 +6,20 @@ does not survive.
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import racefuzz.pytest_plugin as plugin
+from racefuzz.backends import BACKENDS  # imported here, not in a pytester test: its teardown unloads numpy
+
+PLUGIN = ("-p", "racefuzz.pytest_plugin")
+"""Loads the plugin in a pytester run even where racefuzz is on the path but not installed (no entry point);
+a no-op where the entry point already loaded it under that name."""
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -117,10 +126,18 @@ def test_same_seed_same_failure(pytester: pytest.Pytester) -> None:
     assert lines[0] and lines[0] == lines[1]
 
 
-def test_cuda_marked_test_skips_with_a_reason_without_a_gpu(pytester: pytest.Pytester) -> None:
-    from racefuzz.backend import cuda_unavailable_reason
+@pytest.fixture(scope="module")
+def cuda_reason() -> str | None:
+    """Why the CUDA backend cannot run here. Module-scoped, so that torch is imported before the pytester
+    fixture snapshots sys.modules: torch imported inside a pytester test is unloaded at its teardown, and a
+    later import of it in the same process (any `--backend auto` run) crashes the interpreter."""
+    from racefuzz.backends import cuda_unavailable_reason
 
-    if cuda_unavailable_reason() is None:
+    return cuda_unavailable_reason()
+
+
+def test_cuda_marked_test_skips_with_a_reason_without_a_gpu(pytester: pytest.Pytester, cuda_reason: str | None) -> None:
+    if cuda_reason is None:
         pytest.skip("a GPU is usable here")
     _write(
         pytester,
@@ -197,3 +214,158 @@ def test_xdist_workers_are_pinned_round_robin(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(plugin, "_gpu_count", lambda: None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert plugin._pin_xdist_worker_to_gpu() is None
+
+
+# -- a polite plugin: a session that does not use racefuzz sees nothing of it ---------------------------------
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo called >> "{calls}"
+echo "GPU 0: Fake GPU (UUID: GPU-0)"
+echo "GPU 1: Fake GPU (UUID: GPU-1)"
+"""
+
+
+@pytest.fixture
+def two_fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `nvidia-smi` that lists two GPUs and logs its calls (the returned file), and an xdist worker gw1
+    without CUDA_VISIBLE_DEVICES: a session that pins would set CUDA_VISIBLE_DEVICES=1."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    calls = tmp_path / "nvidia-smi-calls"
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI.format(calls=calls))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("RACEFUZZ_WORKER_LOG", raising=False)
+    return calls
+
+
+def test_a_session_not_using_racefuzz_sees_nothing_of_it(pytester: pytest.Pytester, two_fake_gpus: Path) -> None:
+    # A `cuda` marker would count as using racefuzz; an unrelated marker and Hypothesis-free tests do not.
+    _write(
+        pytester,
+        """
+        import os
+        import sys
+
+        import pytest
+
+        def test_plain(pytestconfig):
+            assert pytestconfig.pluginmanager.has_plugin("racefuzz.pytest_plugin")
+            leaked = sorted(m for m in ("hypothesis", "numpy", "torch", "racefuzz.backends") if m in sys.modules)
+            assert not leaked, f"imported by the plugin: {leaked}"
+            assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+        @pytest.mark.slow
+        def test_marked(pytestconfig):
+            assert "hypothesis" not in sys.modules and "CUDA_VISIBLE_DEVICES" not in os.environ
+        """,
+    )
+    pytester.makeini("[pytest]\nmarkers =\n    slow: an unrelated marker\n")
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    assert not two_fake_gpus.exists(), "nvidia-smi was called"
+    assert not any(line.startswith("racefuzz:") for line in result.outlines), "no racefuzz report header"
+
+
+@pytest.mark.parametrize(
+    ("args", "body"),
+    [
+        pytest.param((), "def test_it(racefuzz_config):\n    pass\n", id="fixture"),
+        pytest.param(
+            (),
+            "import pytest\n\n@pytest.fixture\ndef mine(racefuzz_backend):\n    return racefuzz_backend\n\n"
+            "def test_it(mine):\n    pass\n",
+            id="fixture-through-another",
+        ),
+        pytest.param(("--racefuzz-backend", "sim"), "def test_it():\n    pass\n", id="option"),
+        pytest.param(("--hypothesis-profile", "racefuzz-dev"), "def test_it():\n    pass\n", id="profile"),
+    ],
+)
+def test_a_session_that_uses_racefuzz_is_pinned_before_its_tests_run(
+    pytester: pytest.Pytester, two_fake_gpus: Path, args: tuple[str, ...], body: str
+) -> None:
+    # The check runs in a conftest fixture that every test uses, so it sees the environment before the test.
+    pytester.makeconftest(
+        """
+        import os
+        import sys
+
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def _pinned():
+            assert os.environ.get("CUDA_VISIBLE_DEVICES") == "1"
+            assert "hypothesis" in sys.modules, "racefuzz's profiles are registered"
+        """
+    )
+    pytester.makepyfile(test_user=body)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:xdist", *args)
+    result.assert_outcomes(passed=1)
+    assert two_fake_gpus.read_text().splitlines() == ["called"]
+
+
+def test_the_worker_log_never_imports_torch(
+    pytester: pytest.Pytester, two_fake_gpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "workers.log"
+    _write(pytester, "def test_nothing():\n    pass\n")
+    monkeypatch.setenv("RACEFUZZ_WORKER_LOG", str(log))
+    pytester.runpytest_subprocess(*PLUGIN, "-p", "no:xdist").assert_outcomes(passed=1)
+    assert log.read_text() == (
+        "worker gw1: CUDA_VISIBLE_DEVICES=None, device 0 is unknown (torch not used in this process)\n"
+    )
+
+
+def test_the_racefuzz_ci_profile_is_derandomized(pytester: pytest.Pytester) -> None:
+    _write(
+        pytester,
+        """
+        from hypothesis import given, settings, strategies as st
+
+        def test_profile():
+            s = settings()
+            assert (s.max_examples, s.derandomize, s.deadline) == (1000, True, None)
+
+        @given(st.integers())
+        def test_draws(x):
+            with open("draws.txt", "a") as f:
+                f.write(f"{x}\\n")
+        """,
+    )
+    runs = []
+    for _ in range(2):
+        (pytester.path / "draws.txt").unlink(missing_ok=True)
+        pytester.runpytest_subprocess(*PLUGIN, "--hypothesis-profile", "racefuzz-ci").assert_outcomes(passed=2)
+        runs.append((pytester.path / "draws.txt").read_text())
+    assert runs[0] == runs[1], "a derandomized profile draws the same examples on every run"
+    plugin._register_hypothesis_profiles()
+    assert {name: settings.get_profile(name).derandomize for name in plugin.PROFILES} == {
+        "racefuzz-dev": False,
+        "racefuzz-ci": True,
+        "racefuzz-thorough": False,
+    }
+
+
+def test_the_backend_option_takes_its_names_from_racefuzz_backends(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess(*PLUGIN, "--help")
+    start = next(i for i, line in enumerate(result.outlines) if line.strip().startswith("--racefuzz-backend"))
+    help_text = " ".join(result.outlines[start : start + 3])
+    assert all(name in help_text for name in BACKENDS), help_text
+    assert plugin.parse_backend("sim") == "sim"
+    with pytest.raises(pytest.UsageError, match=", ".join(BACKENDS)):
+        plugin.parse_backend("tpu")
+
+
+def test_loading_the_plugin_imports_nothing_heavy() -> None:
+    import subprocess
+
+    code = (
+        "import sys, racefuzz.pytest_plugin\n"
+        "leaked = sorted(m for m in ('hypothesis', 'numpy', 'torch', 'racefuzz.backends') if m in sys.modules)\n"
+        "assert not leaked, leaked\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
