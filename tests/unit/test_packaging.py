@@ -1,16 +1,55 @@
-"""The wheel ships the CUDA sources, found through importlib.resources after a non-editable install."""
+"""Packaging: the wheel ships the CUDA sources, found through importlib.resources after a non-editable
+install; torch is optional (the `cuda12`/`cuda13` extras), and nothing on the CPU path imports it."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _requirement_names(requirements: list[str]) -> list[str]:
+    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower() for requirement in requirements]
+
+
+def test_torch_is_an_extra_not_a_core_dependency() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs tomllib (Python >= 3.11)")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert sorted(_requirement_names(project["dependencies"])) == ["hypothesis", "numpy", "tqdm"]
+    extras = {name: _requirement_names(reqs) for name, reqs in project["optional-dependencies"].items()}
+    assert sorted(extras["cuda12"]) == ["cupy-cuda12x", "torch"]
+    assert sorted(extras["cuda13"]) == ["cupy-cuda13x", "torch"]
+    assert "torch" not in extras["test"]
+
+
+def test_the_cpu_path_runs_without_torch(tmp_path: Path) -> None:
+    # Where torch is installed (CI installs the CPU build), hide it: a None entry in sys.modules makes
+    # `import torch` fail as if it were not installed, and any import of it on the CPU path an error.
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = sys.modules["cupy"] = None
+        import racefuzz.pytest_plugin, racefuzz.testing
+        from racefuzz.backends import resolve_backend
+        from racefuzz.cli import main
+        assert resolve_backend("auto") == "sim"
+        argv = ["run", "--examples", "200", "--quiet", "--report-dir", {str(tmp_path)!r}]
+        for backend in ("sim", "auto"):
+            code = main([*argv, "--backend", backend, "--design", "war-after-launch"])
+            assert code == 0, code
+        assert main([*argv, "--backend", "sim", "--design", "none", "--no-control"]) == 1
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.fixture(scope="module")
