@@ -51,21 +51,24 @@ _non_negative_int = _int_at_least(0, "a non-negative integer")
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
-    from racefuzz.scenarios.sglang import ALL_HAZARDS
+    from racefuzz.scenarios import get_scenario
 
+    scenario = get_scenario()  # the default scenario, sglang's overlap loop
+    all_hazards = (*scenario.hazards, *scenario.opt_in_hazards)
     names = tuple(h.strip() for h in text.split(",") if h.strip())
-    unknown = [h for h in names if h not in ALL_HAZARDS]
+    unknown = [h for h in names if h not in all_hazards]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(ALL_HAZARDS)}")
+        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(all_hazards)}")
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     from racefuzz.backends import BACKENDS
     from racefuzz.report import DEFAULT_REPORT_DIR
-    from racefuzz.scenarios.sglang import HAZARDS
+    from racefuzz.scenarios import get_scenario
     from racefuzz.schedulers import STRATEGIES
 
+    hazards = get_scenario().hazards
     parser = _Parser(prog="racefuzz", description="Fuzz CUDA stream-ordering races (WAR on req_to_token).")
     parser.add_argument("--version", action="version", version=f"racefuzz {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -85,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--hazards",
         type=_hazard_list,
-        default=HAZARDS,
-        help=f"comma-separated subset of {','.join(HAZARDS)} (default: all)",
+        default=hazards,
+        help=f"comma-separated subset of {','.join(hazards)} (default: all)",
     )
     run.add_argument("--examples", type=_positive_int, default=2000, help="examples to try (default 2000)")
     run.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
@@ -125,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     cplan = compare.add_mutually_exclusive_group()
     cplan.add_argument("--plan-stream", dest="plan_stream", action="store_true", default=None)
     cplan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false")
-    compare.add_argument("--hazards", type=_hazard_list, default=HAZARDS)
+    compare.add_argument("--hazards", type=_hazard_list, default=hazards)
     compare.add_argument("--workloads", type=_positive_int, default=100, help="drawn workloads (default 100)")
     compare.add_argument("--seed", type=_non_negative_int, default=0)
     compare.add_argument(
