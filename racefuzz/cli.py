@@ -21,8 +21,6 @@ from racefuzz.errors import InvalidArgument, RacefuzzError
 from racefuzz.exitcodes import ExitCode
 
 # Aliases for callers that still import them from here (some tests); new code uses `ExitCode`.
-EXIT_CLEAN, EXIT_RACE = ExitCode.CLEAN, ExitCode.RACE
-EXIT_USAGE, EXIT_INCONCLUSIVE = ExitCode.USAGE, ExitCode.INCONCLUSIVE
 BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from racefuzz.cli import EXIT_RACE, main
+from racefuzz.cli import main
+from racefuzz.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 RACY = [
@@ -36,13 +37,13 @@ def test_gpu_fail_write_replay_same_report(design: str, hazard: str, tmp_path: P
         "--report-dir",
         str(tmp_path),
     ]
-    assert main(argv) == EXIT_RACE
+    assert main(argv) == ExitCode.RACE
     run_out = capsys.readouterr().out
     (replay_file,) = (p for p in tmp_path.glob("*.json") if not p.name.endswith(".trace.json"))
     report = replay_file.with_suffix(".txt").read_text()
     assert "backend cuda" in report and report.rstrip("\n") in run_out
     assert (tmp_path / f"{replay_file.stem}.png").exists() or (tmp_path / f"{replay_file.stem}.trace.json").exists()
-    assert main(["replay", str(replay_file), "--repeat", "5"]) == EXIT_RACE
+    assert main(["replay", str(replay_file), "--repeat", "5"]) == ExitCode.RACE
     replay_out = capsys.readouterr().out
     assert "reproduced the manifested corruption in 5/5 run(s) on cuda" in replay_out
     assert replay_out.startswith(report)

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 
-from racefuzz.cli import EXIT_RACE, main
+from racefuzz.cli import main
 from racefuzz.designs import load_design
+from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
 from racefuzz.program import EventSync
 from racefuzz.scenarios.sglang import ALL_HAZARDS, HAZARDS, RequestSpec, Workload, build_program, workloads
@@ -36,7 +37,7 @@ def test_at_least_twelve_mutants_each_named_described_and_loadable() -> None:
 
 def test_a_mutant_runs_from_the_command_line(tmp_path, capsys) -> None:
     argv = ["run", "--backend", "sim", "--design", "mutant-barrier-wrong-stream", "--examples", "200", "--quiet"]
-    assert main([*argv, "--no-control", "--report-dir", str(tmp_path)]) == EXIT_RACE
+    assert main([*argv, "--no-control", "--report-dir", str(tmp_path)]) == ExitCode.RACE
     assert "mutant-barrier-wrong-stream" in capsys.readouterr().out
 
 

@@ -12,7 +12,6 @@ from racefuzz.cli import main
 from racefuzz.exitcodes import ExitCode
 from racefuzz.scenarios.sglang.designs import BUILTIN
 
-EXIT_CLEAN, EXIT_RACE, EXIT_USAGE = ExitCode.CLEAN, ExitCode.RACE, ExitCode.USAGE
 PACKAGE = Path(__file__).resolve().parents[2] / "racefuzz"
 
 
@@ -24,7 +23,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_designs_lists_every_builtin_with_one_line(capsys) -> None:
     code, out, _ = run(capsys, "designs")
-    assert code == EXIT_CLEAN
+    assert code == ExitCode.CLEAN
     lines = out.strip().splitlines()
     assert [line.split()[0] for line in lines] == list(BUILTIN)
 
@@ -45,7 +44,7 @@ def test_none_is_caught_writes_files_and_replays_to_the_same_report(capsys, tmp_
         str(tmp_path / "summary.json"),
         "--quiet",
     )
-    assert code == EXIT_RACE
+    assert code == ExitCode.RACE
     assert "==== racefuzz: WAR race on req_to_token (design none, backend sim) ====" in out
     (replay_file,) = (p for p in tmp_path.glob("none-*.json") if not p.name.endswith(".trace.json"))
     report = replay_file.with_suffix(".txt").read_text()
@@ -54,7 +53,7 @@ def test_none_is_caught_writes_files_and_replays_to_the_same_report(capsys, tmp_
     assert summary["run"]["found"] is True and summary["replay_file"] == str(replay_file)
 
     code, replay_out, _ = run(capsys, "replay", str(replay_file))
-    assert code == EXIT_RACE
+    assert code == ExitCode.RACE
     assert replay_out.startswith(report.rstrip("\n"))
     assert "reproduced the manifested corruption in 1/1 run(s) on sim" in replay_out
 
@@ -73,7 +72,7 @@ def test_clean_design_passes_beside_a_caught_control(capsys, tmp_path: Path) -> 
         str(tmp_path),
         "--quiet",
     )
-    assert code == EXIT_CLEAN, out
+    assert code == ExitCode.CLEAN, out
     assert "negative control `none`: caught after" in out
     assert "no race found in design war-after-launch over 200 examples" in out
     assert not list(tmp_path.glob("*.json"))
@@ -94,7 +93,7 @@ def test_clean_design_passes_beside_a_caught_control(capsys, tmp_path: Path) -> 
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exc:  # argparse errors exit; ours return
         raise SystemExit(main(argv))
-    assert exc.value.code == EXIT_USAGE
+    assert exc.value.code == ExitCode.USAGE
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -122,7 +121,7 @@ def test_bad_replay_files(capsys, tmp_path: Path, content: str, message: str) ->
     path = tmp_path / "bad.json"
     path.write_text(content)
     code, _, err = run(capsys, "replay", str(path))
-    assert code == EXIT_USAGE
+    assert code == ExitCode.USAGE
     assert message in err and len(err.strip().splitlines()) == 1
 
 
@@ -132,14 +131,14 @@ def test_cuda_backend_without_a_gpu_is_a_one_line_error(capsys) -> None:
     if cuda_unavailable_reason() is None:
         pytest.skip("a GPU is usable here")
     code, _, err = run(capsys, "run", "--backend", "cuda")
-    assert code == EXIT_USAGE and err.startswith("racefuzz: error: --backend cuda:")
+    assert code == ExitCode.USAGE and err.startswith("racefuzz: error: --backend cuda:")
 
 
 def test_designs_mutants_lists_the_catalogue(capsys) -> None:
     from racefuzz.scenarios.sglang.mutants import MUTANTS
 
     code, out, _ = run(capsys, "designs", "--mutants")
-    assert code == EXIT_CLEAN
+    assert code == ExitCode.CLEAN
     assert [line.split()[0] for line in out.strip().splitlines()] == list(MUTANTS)
     assert len(MUTANTS) >= 12
 
@@ -160,7 +159,7 @@ def test_run_with_the_pct_strategy_catches_a_mutant(capsys, tmp_path: Path) -> N
         str(tmp_path),
         "--quiet",
     )
-    assert code == EXIT_RACE, out
+    assert code == ExitCode.RACE, out
     assert "negative control `none`: caught" in out
 
 
@@ -195,9 +194,9 @@ def test_no_module_of_the_package_imports_the_cli() -> None:
 
 def test_bench_out_and_backend_apply_to_their_benchmarks_only(capsys, tmp_path: Path) -> None:
     code, _, err = run(capsys, "bench", "engine", "--out", str(tmp_path))
-    assert code == EXIT_USAGE and "--out applies to `racefuzz bench matrix` only" in err
+    assert code == ExitCode.USAGE and "--out applies to `racefuzz bench matrix` only" in err
     code, _, err = run(capsys, "bench", "matrix", "--backend", "cuda")
-    assert code == EXIT_USAGE and "--backend applies to `racefuzz bench mutants` only" in err
+    assert code == ExitCode.USAGE and "--backend applies to `racefuzz bench mutants` only" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -207,11 +206,11 @@ def test_bench_matrix_writes_files_only_where_asked(capsys, tmp_path: Path, monk
     monkeypatch.setattr(matrix, "EXAMPLES", 20)
     monkeypatch.chdir(tmp_path)
     code, out, _ = run(capsys, "bench", "matrix")
-    assert code == EXIT_CLEAN and "| `none` |" in out
+    assert code == ExitCode.CLEAN and "| `none` |" in out
     assert list(tmp_path.iterdir()) == [], "without --out or --json nothing is written (no ./docs/results/)"
 
     code, out, _ = run(capsys, "bench", "matrix", "--out", "results", "--json", "matrix.json")
-    assert code == EXIT_CLEAN
+    assert code == ExitCode.CLEAN
     cells = json.loads((tmp_path / "matrix.json").read_text())["cells"]
     written = [Path(c["replay_file"]) for c in cells if c.get("replay_file")]
     assert written and all(path.parts[:2] == ("results", "counterexamples") for path in written)

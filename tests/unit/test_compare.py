@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from racefuzz import Device, simulate
-from racefuzz.cli import EXIT_CLEAN, EXIT_USAGE, main
+from racefuzz.cli import main
+from racefuzz.exitcodes import ExitCode
 from racefuzz.scenarios.sglang.costs import measure
 
 
@@ -44,7 +45,7 @@ def test_compare_sim_reports_verdicts_and_the_decode_stall(capsys, tmp_path: Pat
         ]
     )
     out = capsys.readouterr().out
-    assert code == EXIT_CLEAN
+    assert code == ExitCode.CLEAN
     result = json.loads((tmp_path / "c.json").read_text())
     self_event, global_war = result["designs"]["self-event"], result["designs"]["global-war"]
     # Correctness: global-war never has a race self-event lacks; self-event has more.
@@ -73,6 +74,6 @@ def test_compare_sim_reports_verdicts_and_the_decode_stall(capsys, tmp_path: Pat
     ],
 )
 def test_bad_designs_are_a_one_line_error(capsys, designs: str, message: str) -> None:
-    assert main(["compare", "--backend", "sim", "--designs", designs]) == EXIT_USAGE
+    assert main(["compare", "--backend", "sim", "--designs", designs]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1

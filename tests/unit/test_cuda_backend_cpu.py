@@ -37,7 +37,7 @@ CATALOG = kernel_catalog(kernel_source())
 def test_importing_the_backend_imports_neither_torch_nor_cupy() -> None:
     code = (
         "import sys\n"
-        "import racefuzz.backends, racefuzz.backend, racefuzz.sim\n"
+        "import racefuzz.backends, racefuzz.sim\n"
         "racefuzz.backends.executor('sim')\n"
         "import racefuzz.backends.cuda as c\n"
         "c.CudaExecutor()\n"

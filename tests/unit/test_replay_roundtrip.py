@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from racefuzz.cli import EXIT_RACE, main
+from racefuzz.cli import main
+from racefuzz.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 RACY = [
@@ -42,12 +43,12 @@ def test_fail_write_replay_same_report(design: str, hazard: str, tmp_path: Path,
     ]
     if hazard == "plan-stream":
         argv.append("--plan-stream")
-    assert main(argv) == EXIT_RACE
+    assert main(argv) == ExitCode.RACE
     capsys.readouterr()
     (replay_file,) = (p for p in tmp_path.glob("*.json") if not p.name.endswith(".trace.json"))
     report = replay_file.with_suffix(".txt").read_text()
     assert replay_file.with_suffix(".trace.json").exists()
-    assert main(["replay", str(replay_file)]) == EXIT_RACE
+    assert main(["replay", str(replay_file)]) == ExitCode.RACE
     assert capsys.readouterr().out.startswith(report)
 
 
@@ -57,5 +58,5 @@ def test_fail_write_replay_same_report(design: str, hazard: str, tmp_path: Path,
 def test_committed_counterexamples_replay_to_their_reports(replay_file: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the reports name the replay file relative to the repository
     relative = replay_file.relative_to(ROOT)
-    assert main(["replay", str(relative)]) == EXIT_RACE
+    assert main(["replay", str(relative)]) == ExitCode.RACE
     assert capsys.readouterr().out.startswith(replay_file.with_suffix(".txt").read_text())
