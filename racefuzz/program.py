@@ -314,7 +314,6 @@ def missing_visit_methods(cls: type, op_types: Iterable[type] = OP_TYPES) -> lis
     return missing
 
 
-
 @dataclass(frozen=True)
 class Program:
     """A finished host program: its objects and its ops in host issue order (`ops[i].index == i`).

@@ -70,7 +70,7 @@ class ReplayFile:
             )
         spec = data.get("scenario")
         if not isinstance(spec, str):
-            raise ReplayError(f"{source}: no scenario named (\"scenario\" must be a string, got {spec!r})")
+            raise ReplayError(f'{source}: no scenario named ("scenario" must be a string, got {spec!r})')
         try:
             scenario = get_scenario(spec)
         except InvalidArgument as exc:

@@ -141,7 +141,14 @@ def write_replay_file(
     from racefuzz.report import ReplayFile, write_replay
 
     replay = ReplayFile(
-        design.spec, backend, config.seed, workload, schedule, oracle, __version__, design.scenario  # type: ignore[arg-type]
+        design.spec,
+        backend,
+        config.seed,
+        workload,
+        schedule,
+        oracle,
+        __version__,
+        design.scenario,  # type: ignore[arg-type]
     )
     return write_replay(replay, config.report_dir)
 

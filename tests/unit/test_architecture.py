@@ -33,11 +33,7 @@ SCENARIO_PACKAGES = ("racefuzz.scenarios.sglang",)
 """Scenario implementations: only they, the benchmarks (which measure sglang's scenario) and the commands
 that are about sglang's costs may import them."""
 
-GENERIC = [
-    name
-    for name in MODULES
-    if not name.startswith(SCENARIO_PACKAGES) and not name.startswith("racefuzz.bench")
-]
+GENERIC = [name for name in MODULES if not name.startswith(SCENARIO_PACKAGES) and not name.startswith("racefuzz.bench")]
 
 PURE_CORE = (
     "racefuzz.program",

@@ -301,7 +301,6 @@ class _Issuer(OpVisitor[None]):
             self.origin.record(torch.cuda.current_stream())  # completes at once: every stream is idle here
         self.t0 = 0.0  # set by `_issue` right before the first op
 
-
     def timing_event(self) -> Any:
         return self.torch.cuda.Event(enable_timing=True)
 
@@ -399,6 +398,4 @@ def _issue(
         if index in host_delays:
             issuer.host_delay(index, host_delays[index], "scheduled host delay")
         dispatch[type(op)](op)
-    return StartedRun(
-        torch, program, staging, bound, config, issuer.t0, issuer.origin, issuer.marks, issuer.host_spans
-    )
+    return StartedRun(torch, program, staging, bound, config, issuer.t0, issuer.origin, issuer.marks, issuer.host_spans)

@@ -1,10 +1,10 @@
 """The built-in sync designs of the overlap scenario, one module each, each citing the sglang code it models.
 
-    none              no WAR fence (before #26380): the negative control
-    self-event        DFLASH's own `verify_done` fence (before #29556)
-    global-war        the scheduler's global WAR barrier at the loop top (#29556)
-    read-done         the barrier with DFLASH's read-done fast path (#29541)
-    war-after-launch  the barrier moved after the launch (#31687)
+none              no WAR fence (before #26380): the negative control
+self-event        DFLASH's own `verify_done` fence (before #29556)
+global-war        the scheduler's global WAR barrier at the loop top (#29556)
+read-done         the barrier with DFLASH's read-done fast path (#29541)
+war-after-launch  the barrier moved after the launch (#31687)
 """
 
 from __future__ import annotations
