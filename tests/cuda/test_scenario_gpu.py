@@ -49,6 +49,7 @@ from racefuzz.scenarios.sglang import (
     HAZARDS,
     MAX_ITERATIONS,
     PRE_LAUNCH_HAZARDS,
+    SCENARIO,
     Workload,
     build_program,
     decode_workload,
@@ -116,7 +117,7 @@ def test_none_is_caught_by_manifested_corruption_reproduced_k_of_k(gpu: Executor
     print(f"\n  {describe_search(result)}")
     c = result.counterexample
     assert c is not None, f"`none` was not caught in {result.examples} GPU examples"
-    print(render(c, design="none", backend="cuda", replay_path=None))
+    print(render(c, design="none", backend="cuda", replay_path=None, scenario=SCENARIO))
     print(f"  shrunk workload: {json.dumps(c.workload.to_json())}")
     print(f"  shrunk schedule: {json.dumps(c.schedule.to_json())}")
     assert c.oracle == "corruption", "`none` was caught by happens-before only: no corruption manifested on the GPU"
@@ -138,7 +139,7 @@ def test_clean_design_stays_clean_beside_the_control(case: tuple[str, tuple[str,
     )
     print(f"  {describe_search(result)}")
     if result.counterexample is not None:
-        print(render(result.counterexample, design=name, backend="cuda", replay_path=None))
+        print(render(result.counterexample, design=name, backend="cuda", replay_path=None, scenario=SCENARIO))
     for flaky in result.flaky:
         print(f"  flaky {flaky.reproduced}/{flaky.runs}: {json.dumps(flaky.workload.to_json())}")
         print(f"    schedule {json.dumps(flaky.schedule.to_json())}")
