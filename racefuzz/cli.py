@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where replay files and reports go (default {DEFAULT_REPORT_DIR}/)",
     )
     run.add_argument(
+        "--database",
+        default=None,
+        metavar="DIR|none|module:attr",
+        help="where failures are saved and tried first on the next run: a directory, none, or a Hypothesis "
+        "ExampleDatabase object (default $RACEFUZZ_DATABASE, else .hypothesis/examples)",
+    )
+    run.add_argument(
         "--no-control", action="store_true", help="skip the negative control (the result can then not prove 'no race')"
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")

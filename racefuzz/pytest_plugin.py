@@ -270,7 +270,15 @@ def racefuzz_config(pytestconfig: pytest.Config):
 
     s = _activate(pytestconfig)  # normally done at collection; here too for `request.getfixturevalue`
     examples = s["examples"] or settings().max_examples
-    return Config(backend=s["backend"], examples=examples, seed=s["seed"], report_dir=s["report_dir"])
+    # Failures are kept in the active Hypothesis profile's example database and tried first next time: a
+    # fleet shares them by registering a profile whose `database` is shared (Redis, GitHub artifacts).
+    return Config(
+        backend=s["backend"],
+        examples=examples,
+        seed=s["seed"],
+        report_dir=s["report_dir"],
+        database=settings().database,
+    )
 
 
 @pytest.fixture(scope="session")

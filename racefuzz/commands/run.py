@@ -8,10 +8,40 @@ import json
 from racefuzz import __version__
 from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import load_design
+from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 from racefuzz.progress import progress
 from racefuzz.report import save_counterexample
 from racefuzz.search import SearchResult, search
+
+DEFAULT_DATABASE = ".hypothesis/examples"
+"""Where `racefuzz run` keeps failures by default: Hypothesis' own default example database directory."""
+
+
+def example_database(spec: str | None):
+    """The example database `--database` names: a directory, `none`, or `module:attr` of an ExampleDatabase
+    (for a fleet: Hypothesis' `RedisExampleDatabase`, `GitHubArtifactDatabase`, `MultiplexedDatabase`).
+    Without the option: $RACEFUZZ_DATABASE, else DEFAULT_DATABASE."""
+    import importlib
+    import os
+
+    from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+    spec = spec if spec is not None else os.environ.get("RACEFUZZ_DATABASE", DEFAULT_DATABASE)
+    if spec.lower() == "none":
+        return None
+    if ":" in spec and not os.path.exists(spec):
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise InvalidArgument(f"--database {spec}: {exc}") from None
+        if not isinstance(obj, ExampleDatabase):
+            raise InvalidArgument(f"--database {spec}: not a hypothesis.database.ExampleDatabase")
+        return obj
+    if os.path.exists(spec) and not os.path.isdir(spec):
+        raise InvalidArgument(f"--database {spec}: not a directory")
+    return DirectoryBasedExampleDatabase(spec)
 
 
 def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool = True) -> SearchResult:
@@ -29,6 +59,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
             repeat=args.repeat,
             strategy=args.strategy,
             on_example=on_example,
+            database=args.example_database,
         )
 
 
@@ -68,6 +99,7 @@ def summary(result: SearchResult) -> dict[str, object]:
 
 def run_command(args: argparse.Namespace) -> ExitCode:
     backend = resolve_backend(args.backend)
+    args.example_database = example_database(args.database)
     design = load_design(args.design)
     print(
         f"racefuzz {__version__}: design {design.name} on {backend}, up to {args.examples} examples, seed {args.seed}, "
