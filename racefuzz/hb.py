@@ -120,11 +120,18 @@ def _overlaps(left: tuple[CellRange, ...], right: tuple[CellRange, ...]) -> tupl
 
 def find_races(program: Program) -> list[Race]:
     """Every conflicting, unordered pair of launches of `program`, in the order the second was issued."""
-    clocks = _Clocks(len(program.streams), len(program.events))
+    clocks = _Clocks(len(program.streams), len(program.events), len(program.buffers))
     clocks.visit_all(program.ops)
     races = clocks.races
     races.sort(key=lambda race: (race.second.index, race.first.index))
     return races
+
+
+WIDE_ROWS = 8
+"""A range spanning more rows than this is indexed under its buffer, not row by row (see `_Clocks`)."""
+
+_Entry = tuple[int, int, int, bool, Launch]
+"""An index entry: (sequence number, col0, col1, whether the range is written, the launch)."""
 
 
 class _Clocks(OpVisitor[None]):
@@ -133,15 +140,27 @@ class _Clocks(OpVisitor[None]):
     `clock[s][t]`: how many of stream t's launches stream s is ordered after. `event_clock[e]`: the clock
     of e's latest record (None: never recorded). `history[s]`: stream s's launches in order; launch k
     (0-based) has sequence number k + 1.
+
+    Finding the candidates: scanning every unordered launch of the other streams costs one rectangle test
+    per in-flight pair (~50 per launch on an overlap loop, most of them on other rows). Instead each stream
+    indexes its launches' ranges by row -- `cells_at[t][row * buffers + buffer]`, a list of `_Entry` in
+    issue order -- so a new launch looks up only the rows it touches and walks each list back while its
+    entries are unordered (sequence number above what the new launch's stream has seen of t). A range of
+    more than WIDE_ROWS rows is filed under its buffer's wide key (-1 - buffer id), which lookups of that
+    buffer also check once a stream has one (`has_wide[t]`); a launch with such a range finds its
+    candidates by the plain scan of `history` instead.
     """
 
-    __slots__ = ("clock", "event_clock", "history", "n", "races")
+    __slots__ = ("buffers", "cells_at", "clock", "event_clock", "has_wide", "history", "n", "races")
 
-    def __init__(self, streams: int, events: int) -> None:
+    def __init__(self, streams: int, events: int, buffers: int = 1) -> None:
         self.n = streams
+        self.buffers = max(buffers, 1)
         self.clock = [[0] * streams for _ in range(streams)]
         self.event_clock: list[list[int] | None] = [None] * events
         self.history: list[list[Launch]] = [[] for _ in range(streams)]
+        self.cells_at: list[dict[int, list[_Entry]]] = [{} for _ in range(streams)]
+        self.has_wide = [False] * streams
         self.races: list[Race] = []
 
     def _join_all(self, other: list[int]) -> None:
@@ -155,19 +174,64 @@ class _Clocks(OpVisitor[None]):
     def visit_launch(self, op: Launch) -> None:
         s = op.stream.id
         mine = self.clock[s]
-        mine[s] += 1
-        history, races = self.history, self.races
+        seq = mine[s] = mine[s] + 1
+        history = self.history
+        buffers = self.buffers
+        keys = _keys(op, buffers)
+        found: dict[int, tuple[Launch, int]] = {}
         for t in range(self.n):
             if t == s:
                 continue
-            launches = history[t]
             seen = mine[t]
-            for k in range(len(launches) - 1, seen - 1, -1):
-                other = launches[k]
-                # Cheap rejections first: most in-flight pairs are read/read or touch other cells.
-                if (other.writes or op.writes) and _touch(other, op):
-                    races.extend(_conflicts(other, op, launches[seen - 1] if seen else None))
+            launches = history[t]
+            if len(launches) <= seen:
+                continue  # everything stream t issued so far is ordered before this launch
+            if keys is None:
+                for k in range(len(launches) - 1, seen - 1, -1):
+                    other = launches[k]
+                    if (other.writes or op.writes) and _touch(other, op):
+                        found[other.index] = (other, t)
+                continue
+            cells_at = self.cells_at[t]
+            for key, col0, col1, writing in keys:
+                bucket = cells_at.get(key)
+                if bucket is not None:
+                    i = len(bucket) - 1
+                    while i >= 0:
+                        entry = bucket[i]
+                        if entry[0] <= seen:
+                            break
+                        if (writing or entry[3]) and entry[1] < col1 and col0 < entry[2]:
+                            found[entry[4].index] = (entry[4], t)
+                        i -= 1
+            if self.has_wide[t]:
+                for key, col0, col1, writing in keys:
+                    bucket = cells_at.get(-1 - key % buffers)
+                    if bucket is not None:
+                        for entry in reversed(bucket):
+                            if entry[0] <= seen:
+                                break
+                            if (writing or entry[3]) and entry[1] < col1 and col0 < entry[2]:
+                                found[entry[4].index] = (entry[4], t)
+        if found:
+            races = self.races
+            for index in sorted(found):
+                other, t = found[index]
+                seen = mine[t]
+                races.extend(_conflicts(other, op, history[t][seen - 1] if seen else None))
         history[s].append(op)
+        at = self.cells_at[s]
+        if keys is None:
+            self.has_wide[s] = True
+            _file_wide(at, op, seq, buffers)
+            return
+        for key, col0, col1, writing in keys:
+            entry = (seq, col0, col1, writing, op)
+            bucket = at.get(key)
+            if bucket is None:
+                at[key] = [entry]
+            else:
+                bucket.append(entry)
 
     def visit_record(self, op: Record) -> None:
         self.event_clock[op.event.id] = list(self.clock[op.stream.id])
@@ -194,6 +258,35 @@ class _Clocks(OpVisitor[None]):
 
     def visit_host_delay(self, op: HostDelay) -> None:
         """Host work orders nothing."""
+
+
+def _keys(op: Launch, buffers: int) -> list[tuple[int, int, int, bool]] | None:
+    """(row * buffers + buffer, col0, col1, written) for every row `op` touches; None when a range is wide."""
+    keys = []
+    for r in op.reads:
+        row0, row1 = r.row0, r.row1
+        if row1 - row0 > WIDE_ROWS:
+            return None
+        buffer = r.buffer.id
+        for row in range(row0, row1):
+            keys.append((row * buffers + buffer, r.col0, r.col1, False))
+    for r in op.writes:
+        row0, row1 = r.row0, r.row1
+        if row1 - row0 > WIDE_ROWS:
+            return None
+        buffer = r.buffer.id
+        for row in range(row0, row1):
+            keys.append((row * buffers + buffer, r.col0, r.col1, True))
+    return keys
+
+
+def _file_wide(at: dict[int, list[_Entry]], op: Launch, seq: int, buffers: int) -> None:
+    """File a launch with a wide range: each range under its buffer's wide key (-1 - buffer id), whatever
+    its rows. A wide entry keeps its columns but not its rows: a lookup of another row may take it as a
+    candidate, and `_conflicts` then finds no shared cell."""
+    for ranges, writing in ((op.reads, False), (op.writes, True)):
+        for r in ranges:
+            at.setdefault(-1 - r.buffer.id, []).append((seq, r.col0, r.col1, writing, op))
 
 
 def _touch(a: Launch, b: Launch) -> bool:

@@ -88,6 +88,67 @@ def test_vector_clocks_match_brute_force_happens_before(seed: int, n_ops: int) -
     assert got == brute_force_races(program)
 
 
+def mixed_shape_program(n_ops: int, seed: int) -> Program:
+    """Like `overlap_shaped_program`, with two buffers, several ranges a launch and rectangles of 1 to 16
+    rows: the checker's row index, its multi-row keys and its wide ranges (> hb.WIDE_ROWS rows)."""
+    import random
+
+    from racefuzz.device import Device
+
+    rng = random.Random(seed)
+    device = Device()
+    streams = [device.stream(name) for name in ("a", "b", "c")]
+    events = [device.event(f"e{i}") for i in range(3)]
+    tables = [device.buffer("t0", 20, 16), device.buffer("t1", 20, 16)]
+
+    def cells():
+        table = rng.choice(tables)
+        row0 = rng.randrange(20)
+        row1 = min(20, row0 + rng.choice((1, 1, 2, 3, 9, 16)))
+        col0 = rng.randrange(16)
+        return table[row0:row1, col0 : min(16, col0 + rng.randint(1, 6))]
+
+    while device.op_count < n_ops:
+        stream = rng.choice(streams)
+        roll = rng.random()
+        if roll < 0.45:
+            reads = [cells() for _ in range(rng.randint(0, 2))]
+            writes = [(cells(), rng.randrange(100)) for _ in range(rng.randint(0 if reads else 1, 2))]
+            stream.launch("k", reads=reads, writes=writes)
+        elif roll < 0.65:
+            rng.choice(events).record(stream)
+        elif roll < 0.85:
+            stream.wait_event(rng.choice(events))
+        elif roll < 0.95:
+            stream.wait_stream(rng.choice(streams))
+        else:
+            device.synchronize()
+    program = device.finish()
+    return Program(program.streams, program.events, program.buffers, program.ops[:n_ops])
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_ops=st.integers(2, 60))
+def test_vector_clocks_match_brute_force_on_multi_row_ranges(seed: int, n_ops: int) -> None:
+    program = mixed_shape_program(n_ops, seed)
+    got = {(race.first.index, race.second.index, race.kind.value) for race in find_races(program)}
+    assert got == brute_force_races(program)
+
+
+def test_multi_row_programs_do_race() -> None:
+    # The property above is only worth something if these programs race, across wide ranges too.
+    from racefuzz.hb import WIDE_ROWS
+
+    races = [race for seed in range(30) for race in find_races(mixed_shape_program(60, seed))]
+    assert len(races) > 100
+    assert any(r.first.reads + r.first.writes and max(c.row1 - c.row0 for c in r.cells) > 1 for r in races)
+    assert any(
+        any(c.row1 - c.row0 > WIDE_ROWS for c in (*launch.reads, *launch.writes))
+        for r in races
+        for launch in (r.first, r.second)
+    )
+
+
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_ops=st.integers(2, 80), data=st.data())
 def test_every_manifested_corruption_is_a_reported_race(seed: int, n_ops: int, data: st.DataObject) -> None:
