@@ -63,12 +63,15 @@ class StreamHandle:
         writes: Iterable[tuple[CellRange, WriteValues]] = (),
         cost_us: float | None = None,
         info: Mapping[str, object] | None = None,
+        unused_reads: Iterable[CellRange] = (),
     ) -> None:
         """Enqueue a kernel that loads `reads` and stores each `(cells, values)` of `writes`.
 
-        `values` is one int (broadcast) or exactly `cells.size` ints in row-major order.
+        `values` is one int (broadcast) or exactly `cells.size` ints in row-major order. `unused_reads` are
+        loaded too but their values are not used (masked columns): they follow `reads` in `Launch.reads`,
+        from `Launch.unused_from` on.
         """
-        self._device._launch(self, kernel, reads, writes, cost_us, info)
+        self._device._launch(self, kernel, reads, writes, cost_us, info, unused_reads)
 
     def wait_event(self, event: EventHandle) -> None:
         """Make later work on this stream wait for the latest record of `event` issued so far."""
@@ -231,11 +234,15 @@ class Device:
         writes: Iterable[tuple[CellRange, WriteValues]],
         cost_us: float | None,
         info: Mapping[str, object] | None,
+        unused_reads: Iterable[CellRange] = (),
     ) -> None:
         self._check_live(stream)
         stream = self._own_stream(stream, "launch")
         own_range = self._own_range
         read_ranges = tuple([own_range(cells, kernel) for cells in reads])
+        unused = tuple([own_range(cells, kernel) for cells in unused_reads])
+        unused_from = len(read_ranges) if unused else None
+        read_ranges += unused
         write_ranges: list[CellRange] = []
         values: list[np.ndarray] = []
         for item in writes:
@@ -259,6 +266,7 @@ class Device:
                 tuple(values),
                 None if cost_us is None else float(cost_us),
                 dict(info) if info else {},
+                unused_from,
             )
         )
 

@@ -4,6 +4,12 @@ The reference is the same program executed sequentially in host issue order: a c
 observes exactly that, whatever the timing, because every write it orders before a read was issued
 before it and every write issued after a read is ordered after it. A load that differs from the
 reference was clobbered by a write that landed too early (WAR) or missed one that landed too late (RAW).
+
+A value loaded is not always a value used: a kernel that gathers a batch rectangle `R[rows, :max_len]`
+loads the columns beyond a short row's length and masks them afterwards (`Launch.unused_from`). A changed
+value there is an ordering conflict (the happens-before oracle reports it) but not a corruption, so
+`find_corruptions` compares only the used reads; `masked_conflict` tells the races that touch masked
+columns only.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from racefuzz.hb import Race, RaceKind
 from racefuzz.memory import INITIAL, Observations, Replay, replay_in_order
 from racefuzz.program import Launch, Program
 
@@ -84,11 +91,12 @@ def find_corruptions(
     """
     if expected is None:
         expected = sequential_replay(program).observations
+    ops = program.ops
     differing = [
         (index, k)
         for index, arrays in expected.items()
         for k, want in enumerate(arrays)
-        if not np.array_equal(_observation(observed, index)[k], want)
+        if ops[index].used(k) and not np.array_equal(_observation(observed, index)[k], want)  # type: ignore[union-attr]
     ]
     if not differing:
         return []
@@ -123,6 +131,16 @@ def find_corruptions(
             )
         )
     return corruptions
+
+
+def masked_conflict(race: Race) -> bool:
+    """Whether every cell `race` conflicts on is a masked column of its reader (loaded, not used): an
+    ordering conflict that cannot corrupt a used value. WAW races and races on used cells are not."""
+    if race.kind is RaceKind.WAW:
+        return False
+    reader, writer = (race.first, race.second) if race.kind is RaceKind.WAR else (race.second, race.first)
+    used = [cells for k, cells in enumerate(reader.reads) if reader.used(k)]
+    return not any(w.intersection(r) is not None for w in writer.writes for r in used)
 
 
 def writer_of_value(program: Program, buffer_id: int, row: int, col: int, value: int) -> int:

@@ -148,6 +148,9 @@ class Launch(NamedTuple):
         values: one int32 array per write, shaped like the write's rectangle.
         cost_us: its duration without injected delay, or None for the backend's default.
         info: where it comes from (iteration, request, ...), for reports.
+        unused_from: `reads[unused_from:]` are loaded but their values are not used (masked columns, such as
+            the columns of a batch-rectangle page table beyond a row's own length): a write racing them is
+            an ordering conflict, not a corruption. None: every read is used.
     """
 
     index: int
@@ -158,6 +161,11 @@ class Launch(NamedTuple):
     values: tuple[np.ndarray, ...]
     cost_us: float | None = None
     info: Mapping[str, object] = MappingProxyType({})
+    unused_from: int | None = None
+
+    def used(self, read_index: int) -> bool:
+        """Whether the values loaded by `reads[read_index]` are used (False: masked columns)."""
+        return self.unused_from is None or read_index < self.unused_from
 
     def describe(self) -> str:
         where = ", ".join(f"{k} {v}" for k, v in self.info.items())

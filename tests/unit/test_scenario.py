@@ -138,3 +138,56 @@ def test_a_request_can_finish_at_its_prefill_and_its_row_is_recycled_a_step_earl
     assert prefills[-1].info["iteration"] == 2 and prefills[-1].info["recycled_rows"] == [1]
     assert ("WAR", "verify_page_table", "prefill_write") in races(workload, "none")
     assert races(workload, "global-war") == set()
+
+
+# Two requests of different lengths decoding together: the batch rectangle covers the short row's
+# columns beyond its length, where the next iteration's over-allocation writes.
+WIDE = Workload(requests=(RequestSpec(0, 4, 64, (1, 1, 1)), RequestSpec(0, 9, 64, (2, 2, 2))), iterations=5)
+
+
+@pytest.mark.parametrize("extent", ["rectangle", "reserved"])
+def test_wide_reads_make_the_over_allocation_race_unless_self_event_fences_it(extent: str) -> None:
+    from racefuzz.oracle import masked_conflict
+
+    wide = replace(WIDE, read_extent=extent)
+    program = build_program(wide, load_design("none").hooks)
+    over_allocation = [race for race in find_races(program) if race.second.kernel == "overalloc_write"]
+    assert {race.first.kernel for race in over_allocation} >= {"draft_metadata", "verify_page_table"}
+    assert all(masked_conflict(race) for race in over_allocation), "only masked columns are overwritten"
+    assert races(replace(WIDE, read_extent="exact"), "none") == set(), "exact reads: column-disjoint"
+    for fenced in ("self-event", "global-war", "war-after-launch"):
+        assert races(wide, fenced) == set(), fenced
+
+
+def test_a_changed_masked_column_is_an_ordering_conflict_but_not_a_corruption() -> None:
+    from racefuzz.device import Device
+
+    device = Device()
+    s, f = device.stream("schedule_stream"), device.stream("forward_stream")
+    table = device.buffer("req_to_token", 1, 4)
+    f.launch("page_table", reads=[table[0, 0:2]], unused_reads=[table[0, 2:4]])
+    s.launch("over_allocation", writes=[(table[0, 2:4], 7)])
+    s.launch("rewrite", writes=[(table[0, 0:1], 8)])
+    program = device.finish()
+    reader = program.launches[0]
+    assert reader.unused_from == 1 and reader.used(0) and not reader.used(1)
+    from racefuzz.oracle import expected_observations, masked_conflict
+
+    assert [masked_conflict(race) for race in find_races(program)] == [True, False]
+    expected = expected_observations(program)
+    masked_changed = {0: (expected[0][0], expected[0][1] + 7)}
+    assert find_corruptions(program, masked_changed) == []
+    used_changed = {0: (expected[0][0] + 8, expected[0][1])}
+    assert [c.read.kernel for c in find_corruptions(program, used_changed)] == ["page_table"]
+
+
+def test_read_extents_are_drawn_and_shrink_to_exact() -> None:
+    from racefuzz.scenarios.sglang.strategies import decode_workload
+
+    def extent(byte: int) -> str:
+        data = bytes([0, 0, 0, byte]) + bytes(7)
+        return decode_workload(data, hazards=frozenset(), max_iterations=4, plan_stream=None).read_extent
+
+    assert [extent(b << 2) for b in range(4)] == ["exact", "rectangle", "reserved", "exact"]
+    with pytest.raises(InvalidArgument, match="read_extent"):
+        Workload(read_extent="diagonal")

@@ -113,6 +113,7 @@ class SglangOverlap:
             f"{len(w.requests)} request(s), {w.iterations} iteration(s), B={w.block_size}, {w.rows} row(s), "
             f"plan stream {'on' if w.plan_stream else 'off'}"
             + (f", page size {w.page_size}" if w.page_size > 1 else "")
+            + (f", {w.read_extent} reads" if w.read_extent != "exact" else "")
         )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from racefuzz.device import Device, EventHandle, StreamHandle
-from racefuzz.program import Buffer, Program
+from racefuzz.program import Buffer, CellRange, Program
 from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 
 SCHEDULE_STREAM = "schedule_stream"
@@ -191,6 +191,20 @@ class OverlapLoop:
     def _info(self, requests: list[_Request], **extra: object) -> dict[str, object]:
         return {"iteration": self.ctx.iteration, "requests": [r.rid for r in requests], **extra}
 
+    def page_table(self, batch: list[_Request], lengths: list[int]) -> tuple[list[CellRange], list[CellRange]]:
+        """The cells a page-table build loads under the workload's read extent: each row's used
+        `R[row, 0:length]`, and the masked columns the backend loads beyond it (see `Workload.read_extent`)."""
+        table, extent = self.table, self.workload.read_extent
+        used = [table[r.row, 0:n] for r, n in zip(batch, lengths, strict=True)]
+        if extent == "exact":
+            return used, []
+        width = max(lengths)
+        if extent == "reserved":
+            width = max(width, *(r.cur_alloc for r in batch))
+        width = min(width, table.cols)
+        masked = [table[r.row, n:width] for r, n in zip(batch, lengths, strict=True) if n < width]
+        return used, masked
+
     # -- the loop --------------------------------------------------------------------------------------
 
     def build(self) -> Program:
@@ -312,13 +326,14 @@ class OverlapLoop:
                         f"request {r.rid}, beyond its allocation (cur_alloc {r.cur_alloc})"
                     )
             f.launch("block_gather", reads=[table[r.row, r.gpu_prefix : r.gpu_prefix + B] for r in batch], info=info)
-            page_table = [table[r.row, 0 : r.gpu_prefix + B] for r in batch]
-            f.launch("draft_metadata", reads=page_table, info=info)
+            page_table, masked = self.page_table(batch, [r.gpu_prefix + B for r in batch])
+            f.launch("draft_metadata", reads=page_table, unused_reads=masked, info=info)
             f.launch("draft_forward", writes=[(self.hidden[0, 0:1], 1)], cost_us=w.forward_cost_us / 2, info=info)
             hooks.call("before_verify", ctx)
-            f.launch("verify_page_table", reads=page_table, info=info)
+            f.launch("verify_page_table", reads=page_table, unused_reads=masked, info=info)
         else:
-            f.launch("extend_page_table", reads=[table[r.row, 0 : r.done] for r in batch], info=info)
+            page_table, masked = self.page_table(batch, [r.done for r in batch])
+            f.launch("extend_page_table", reads=page_table, unused_reads=masked, info=info)
         hooks.call("after_reads", ctx)
         cost = w.forward_cost_us / 2 if ctx.is_decode else w.forward_cost_us
         f.launch(

@@ -40,6 +40,10 @@ def simpler_workloads(w: Workload) -> Iterator[Workload]:
         yield replace(w, plan_stream=False)
     if w.page_size > 1:
         yield replace(w, page_size=1)
+    if w.read_extent != "exact":
+        yield replace(w, read_extent="exact")
+    if w.read_extent == "reserved":
+        yield replace(w, read_extent="rectangle")
     if w.rows > 1:
         yield replace(w, rows=w.rows - 1)
     for i, r in enumerate(w.requests):

@@ -21,6 +21,10 @@ what they were:
     paged-get-last-loc    page_size > 1: decode prep loads each request's last allocated slot
                           (`get_last_loc`, dflash_info_v2.py:203-222) on its stream -- on the plan stream,
                           a read of cells the schedule stream wrote (sglang #28034's plan-stream reads)
+
+The forward's read extent (`Workload.read_extent`: exact, the FA3 batch rectangle, reserved lengths) is
+not a hazard but the attention backend's shape: bits 2-3 of the header's plan-stream byte draw it unless a
+search fixes it (`read_extent=`), and shrinking moves it to "exact".
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Collection
 from hypothesis import strategies as st
 
 from racefuzz.errors import InvalidArgument
-from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang.workload import READ_EXTENTS, RequestSpec, Workload
 
 HAZARDS = ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
 PRE_LAUNCH_HAZARDS = ("recycled-row-prefill", "chunked-stash", "plan-stream")
@@ -62,8 +66,9 @@ def decode_workload(
     max_iterations: int,
     plan_stream: bool | None,
     fixed_iterations: bool = False,
+    read_extent: str | None = None,
 ) -> Workload:
-    """The workload a byte string stands for (see the module docstring)."""
+    """The workload a byte string stands for (see the module docstring); `read_extent` None: drawn."""
     data = data.ljust(_HEADER, b"\0")
     block_size = 1 + data[0] % MAX_BLOCK_SIZE
     chunked = "chunked-stash" in hazards
@@ -91,6 +96,8 @@ def decode_workload(
         plan_stream = "plan-stream" in hazards and bool(data[3] & 1)
     # Bit 1 of the plan-stream byte: shrinking clears it, back to page_size 1 (no get_last_loc read).
     page_size = 2 if "paged-get-last-loc" in hazards and data[3] & 2 else 1
+    if read_extent is None:
+        read_extent = READ_EXTENTS[(data[3] >> 2 & 3) % len(READ_EXTENTS)]
     return Workload(
         requests=tuple(requests),
         iterations=max_iterations if fixed_iterations else 1 + data[1] % max_iterations,
@@ -99,6 +106,7 @@ def decode_workload(
         plan_stream=plan_stream,
         post_launch_rewrites=rewrites,
         page_size=page_size,
+        read_extent=read_extent,
     )
 
 
@@ -116,15 +124,18 @@ def workloads(
     max_iterations: int = MAX_ITERATIONS,
     plan_stream: bool | None = None,
     fixed_iterations: bool = False,
+    read_extent: str | None = None,
 ) -> st.SearchStrategy[Workload]:
     """Workloads with 1 to `max_requests` requests over 1 to `max_iterations` iterations.
 
     `plan_stream` forces the plan stream on or off; None lets the `plan-stream` hazard decide.
+    `read_extent` fixes the forward's read extent (`READ_EXTENTS`); None draws it.
     `fixed_iterations` runs exactly `max_iterations` iterations (requests still arrive at random ones).
     """
     allowed = check_hazards(hazards)
     if max_iterations < 1:
         raise InvalidArgument("workloads: max_iterations must be >= 1")
+    check_read_extent(read_extent)
     return workload_bytes(max_requests).map(
         lambda data: decode_workload(
             data,
@@ -132,18 +143,25 @@ def workloads(
             max_iterations=max_iterations,
             plan_stream=plan_stream,
             fixed_iterations=fixed_iterations,
+            read_extent=read_extent,
         )
     )
+
+
+def check_read_extent(read_extent: str | None) -> None:
+    if read_extent is not None and read_extent not in READ_EXTENTS:
+        raise InvalidArgument(f"unknown read extent {read_extent!r}; choose from {', '.join(READ_EXTENTS)}")
 
 
 class OverlapWorkloads:
     """The workload space of one search (`Scenario.workload_space`): bytes and their decoder.
 
     Options: `plan_stream` (force the plan stream on or off; None lets the `plan-stream` hazard decide),
-    `fixed_iterations` (exactly `max_iterations` iterations), `max_requests`, `max_iterations`.
+    `fixed_iterations` (exactly `max_iterations` iterations), `max_requests`, `max_iterations`,
+    `read_extent` (fix the forward's read extent; None draws it).
     """
 
-    OPTIONS = ("plan_stream", "fixed_iterations", "max_requests", "max_iterations")
+    OPTIONS = ("plan_stream", "fixed_iterations", "max_requests", "max_iterations", "read_extent")
 
     def __init__(
         self,
@@ -153,7 +171,9 @@ class OverlapWorkloads:
         fixed_iterations: bool = False,
         max_requests: int = 8,
         max_iterations: int = MAX_ITERATIONS,
+        read_extent: str | None = None,
     ) -> None:
+        check_read_extent(read_extent)
         if max_iterations < 1:
             raise InvalidArgument("workloads: max_iterations must be >= 1")
         if max_requests < 1:
@@ -163,6 +183,7 @@ class OverlapWorkloads:
         self.fixed_iterations = fixed_iterations
         self.max_requests = max_requests
         self.max_iterations = max_iterations
+        self.read_extent = read_extent
 
     def strategy(self) -> st.SearchStrategy[bytes]:
         return workload_bytes(self.max_requests)
@@ -174,4 +195,5 @@ class OverlapWorkloads:
             max_iterations=self.max_iterations,
             plan_stream=self.plan_stream,
             fixed_iterations=self.fixed_iterations,
+            read_extent=self.read_extent,
         )

@@ -11,6 +11,14 @@ from dataclasses import asdict, dataclass, field
 
 from racefuzz.errors import InvalidArgument
 
+READ_EXTENTS = ("exact", "rectangle", "reserved")
+"""The forward's read extents (`Workload.read_extent`), simplest first. Citations (sglang at `6582fc1e5`):
+rectangle: flashattention_backend.py `FlashAttentionBackend.init_forward_metadata` (:644, :666) and the
+graph-replay metadata (:2463-2480) gather `req_to_token[req_pool_indices, :max_seq_len_k]`; reserved:
+overlap_utils.py `FutureMap.resolve_seq_lens_cpu` (at `0178132`: without CPU seq lens it sets
+`seq_len_cpu_ub = max(r.kv_allocated_len)`, the bound bound-safe backends size `max_seq_len_k` with) and
+dflash_worker_v2.py (:1394-1710), which plans with the reserved (allocated) lengths."""
+
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -49,6 +57,12 @@ class Workload:
         page_size: KV page size. Above 1, DFLASH decode prep reads `R[row, cur_alloc - 1]` (`get_last_loc`)
             on its stream before over-allocating (dflash_info_v2.py:203-222); 1 (the default) reads nothing.
             Only that read is modelled: slot ids still come from the counter, page alignment is not.
+        read_extent: which cells the forward's page-table builds load (`READ_EXTENTS`), per attention
+            backend: "exact" (flashinfer-style kv_indices: each row's own `R[row, 0:len]`), "rectangle"
+            (FA3: `req_to_token[req_pool_indices, :max_seq_len_k]`, the batch rectangle; a short row's
+            columns beyond its length are loaded and masked) or "reserved" (backends that plan without CPU
+            seq lens: the rectangle up to the batch's largest *allocated* length, `R[rows, 0:max(cur_alloc)]`,
+            masked beyond each row's length).
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -61,8 +75,11 @@ class Workload:
     host_work_us: float = 0.0
     launch_prep_us: float = 0.0
     page_size: int = 1
+    read_extent: str = "exact"
 
     def __post_init__(self) -> None:
+        if self.read_extent not in READ_EXTENTS:
+            raise InvalidArgument(f"workload: read_extent must be one of {READ_EXTENTS}, got {self.read_extent!r}")
         if self.iterations < 1:
             raise InvalidArgument(f"workload: iterations must be >= 1, got {self.iterations}")
         if self.block_size < 1:
