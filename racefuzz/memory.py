@@ -7,6 +7,7 @@ each launch in order, copy out what it loads, then apply what it stores.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -51,3 +52,27 @@ def replay_in_order(program: Program, order: Iterable[Launch], *, track_writers:
             if writer is not None:
                 writer[w.buffer.id][w.row0 : w.row1, w.col0 : w.col1] = launch.index
     return Replay(observations, writers if track_writers else None)
+
+
+_IN_ORDER: dict[int, tuple[weakref.ref[Program], Observations]] = {}
+IN_ORDER_KEPT = 64
+"""Programs whose in-order loads `in_order_loads` keeps (a search reruns most of its workloads' programs)."""
+
+
+def in_order_loads(program: Program) -> Observations:
+    """What every reading launch loads when `program` runs in host issue order: the sequential reference.
+
+    Kept for the last IN_ORDER_KEPT programs, and the same object every time for one program, so that the
+    simulator can return it for a run that applied every conflict in issue order and the search can tell
+    such a run by identity (`observed is expected`) without comparing arrays. Read-only: do not mutate it.
+    """
+    known = _IN_ORDER.get(id(program))
+    if known is not None and known[0]() is program:
+        return known[1]
+    loads = replay_in_order(program, program.launches).observations
+    if len(_IN_ORDER) >= IN_ORDER_KEPT:
+        dead = [key for key, (ref, _) in _IN_ORDER.items() if ref() is None]
+        for key in dead or list(_IN_ORDER)[: IN_ORDER_KEPT // 2]:
+            del _IN_ORDER[key]
+    _IN_ORDER[id(program)] = (weakref.ref(program), loads)
+    return loads

@@ -22,12 +22,15 @@ The GPU kernels in `kernels/` follow the same shape: readers spin, then load; wr
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # HOST, Execution and Span live in racefuzz.backends; they stay importable from here.
 from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
-from racefuzz.memory import replay_in_order
+from racefuzz.hb import find_races
+from racefuzz.memory import in_order_loads, replay_in_order
 from racefuzz.program import (
     DeviceSync,
     EventSync,
@@ -91,9 +94,48 @@ def simulate(
             machine.host = host + delay
         dispatch[type(op)](op)
     access_time = machine.access_time
-    order = sorted(program.launches, key=lambda launch: (access_time[launch.index], launch.index))
+    end = max([machine.host, *machine.tail])
+    facts = _facts(program)
+    if not track_writers and all((access_time[a], a) < (access_time[b], b) for a, b in facts.unordered_conflicts):
+        # Every conflicting pair took effect in issue order: the loads are the sequential ones.
+        return Execution(in_order_loads(program), spans, end, None, access_time)
+    order = sorted(facts.launches, key=lambda launch: (access_time[launch.index], launch.index))
     replay = replay_in_order(program, order, track_writers=track_writers)
-    return Execution(replay.observations, spans, max([machine.host, *machine.tail]), replay.writers, access_time)
+    return Execution(replay.observations, spans, end, replay.writers, access_time)
+
+
+class _ProgramFacts(NamedTuple):
+    """What every run of one program shares, computed at its first run.
+
+    `unordered_conflicts`: the (first, second) launch indices of every race `hb.find_races` reports.
+    The simulator realizes every happens-before edge (a launch ordered after another starts after it
+    ended, and ties apply in issue order), so a run whose accesses apply these pairs in issue order
+    applies every conflicting pair in issue order, and its loads are the sequential ones
+    (`memory.in_order_loads`, the same object every time) with no replay. `tests/unit/test_sim.py` checks
+    the shortcut against the replay.
+    """
+
+    launches: list[Launch]
+    unordered_conflicts: tuple[tuple[int, int], ...]
+
+
+_FACTS: dict[int, tuple[weakref.ref[Program], _ProgramFacts]] = {}
+FACTS_KEPT = 64
+"""Programs whose facts the simulator keeps (a search reruns most of its workloads' programs)."""
+
+
+def _facts(program: Program) -> _ProgramFacts:
+    known = _FACTS.get(id(program))
+    if known is not None and known[0]() is program:
+        return known[1]
+    pairs = tuple(dict.fromkeys((race.first.index, race.second.index) for race in find_races(program)))
+    facts = _ProgramFacts(program.launches, pairs)
+    if len(_FACTS) >= FACTS_KEPT:
+        dead = [key for key, (ref, _) in _FACTS.items() if ref() is None]
+        for key in dead or list(_FACTS)[: FACTS_KEPT // 2]:
+            del _FACTS[key]
+    _FACTS[id(program)] = (weakref.ref(program), facts)
+    return facts
 
 
 class _Machine(OpVisitor[None]):

@@ -80,3 +80,32 @@ def test_same_inputs_same_outputs() -> None:
         for key in a.observations:
             for x, y in zip(a.observations[key], b.observations[key], strict=True):
                 np.testing.assert_array_equal(x, y)
+
+
+def test_the_no_replay_shortcut_gives_the_replayed_loads() -> None:
+    # A run that applies every hb-unordered conflict in issue order returns the sequential loads without a
+    # replay; track_writers always replays. Both must load the same values, on runs that corrupt and not.
+    import random
+
+    from racefuzz.bench.engine import overlap_shaped_program
+    from racefuzz.memory import in_order_loads
+
+    shortcut = corrupted = 0
+    for seed in range(60):
+        program = overlap_shaped_program(80, seed)
+        readers = [op.index for op in program.launches if op.reads]
+        rng = random.Random(seed)
+        spins = {i: 2000.0 for i in rng.sample(readers, min(rng.randint(0, 3), len(readers)))}
+        fast = simulate(program, Schedule(read_spins=spins), record_timeline=False)
+        replayed = simulate(program, Schedule(read_spins=spins), track_writers=True)
+        assert fast.observations.keys() == replayed.observations.keys()
+        for key in fast.observations:
+            for x, y in zip(fast.observations[key], replayed.observations[key], strict=True):
+                np.testing.assert_array_equal(x, y)
+        shortcut += fast.observations is in_order_loads(program)
+        corrupted += any(
+            not np.array_equal(x, y)
+            for key, arrays in in_order_loads(program).items()
+            for x, y in zip(arrays, replayed.observations[key], strict=True)
+        )
+    assert shortcut >= 10 and corrupted >= 3  # both paths were taken
