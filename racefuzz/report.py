@@ -19,9 +19,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from racefuzz.backends.protocol import HOST
 from racefuzz.errors import InvalidArgument, ReplayError
 from racefuzz.hb import Race
-from racefuzz.oracle import UNKNOWN, Corruption
+from racefuzz.oracle import UNKNOWN, Corruption, masked_conflict
 from racefuzz.program import Launch
 from racefuzz.scenarios import Scenario, Workload, get_scenario, scenario_spec
 from racefuzz.schedule import Schedule
@@ -201,6 +202,13 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
         lines.append(f"  read:   {_where(reader)}")
         lines.append(f"          cells {_cells(reader.reads)}")
         lines.append(f"  shared: {_cells(race.cells)}")
+        if masked_conflict(race):
+            lines.append(
+                "  masked column: ordering conflict, no corruption (the reader loads these cells but does not use "
+                "their values)"
+            )
+        if HOST in (writer.stream.name, reader.stream.name):
+            lines.append("  host: one side is the host itself; only a host-side sync can order it")
     for corruption in outcome.corruptions[:3]:
         lines.append(f"  values read by op #{corruption.read.index} {corruption.read.kernel}:")
         lines.extend(_corruption_lines(corruption, outcome))

@@ -12,7 +12,7 @@ GLOBAL_WAR = load_design("global-war")
 BIG = Workload(
     requests=(
         RequestSpec(0, 4, 64, (1, 1, 1), rewrite_at=(0,)),
-        RequestSpec(1, 7, 64, (2, 3, 1, 4), rewrite_at=()),
+        RequestSpec(2, 7, 64, (2, 3, 1, 4), rewrite_at=()),
         RequestSpec(2, 3, 64, (1, 1)),
     ),
     iterations=8,

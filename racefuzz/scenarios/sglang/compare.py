@@ -1,9 +1,11 @@
 """`racefuzz compare` for the overlap loop: the correctness and the cost of sync designs, side by side.
 
 Every design runs the same drawn workloads under the same delay schedules (delays attach to launches,
-which designs share). Per design it reports the two verdicts -- workloads with an unordered conflicting
-pair (happens-before) and workloads whose loads were corrupted under the drawn schedule -- and the races
-one design has and another lacks; and, from an undelayed run of each workload with its timeline
+which designs share). Per design it reports the verdicts -- workloads with an unordered conflicting pair
+(happens-before), those whose only unordered pairs touch masked columns (loaded, never used: an ordering
+conflict, no corruption possible), and workloads whose used loads were corrupted under the drawn schedule
+-- and the races one design has and another lacks, overall and per read extent (`Workload.read_extent`,
+drawn per workload); and, from an undelayed run of each workload with its timeline
 recorded, the cost: host time blocked per iteration, GPU idle time between forwards, iterations per
 second. On the simulator the costs are modelled; on the GPU they are measured (CUDA events on the
 streams, host clocks around blocking calls).
@@ -30,12 +32,12 @@ from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
-from racefuzz.oracle import find_corruptions
+from racefuzz.oracle import find_corruptions, masked_conflict
 from racefuzz.program import Program
 from racefuzz.scenarios.sglang.costs import Costs, measure
 from racefuzz.scenarios.sglang.loop import build_program
 from racefuzz.scenarios.sglang.strategies import check_hazards, decode_workload
-from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
+from racefuzz.scenarios.sglang.workload import READ_EXTENTS, RequestSpec, Workload
 from racefuzz.schedule import NO_DELAYS
 from racefuzz.schedulers.random import decode_schedule
 from racefuzz.sim import simulate
@@ -52,6 +54,26 @@ def _timed_run(program: Program, backend: str) -> Execution:
 
         return execute(program, NO_DELAYS, CudaConfig(timeline=True))
     return simulate(program)
+
+
+HOST_SYNCS_29556 = {"cpu_seq_lens": True, "filter_batch_sync": True}
+"""The host waits #29556 moved rather than removed (`Workload.cpu_seq_lens`, `Workload.filter_batch_sync`):
+the steady decode is costed with and without them."""
+
+
+def _steady(
+    design: Design, backend: str, forward_us: float, host_us: float, prep_us: float, **flags: bool
+) -> dict[str, object]:
+    """The costs of `design` on the steady decode workload (with `flags` set on it)."""
+    workload = replace(STEADY_DECODE, forward_cost_us=forward_us, host_work_us=host_us, launch_prep_us=prep_us, **flags)
+    program = build_program(workload, design.hooks)
+    c = measure(program, _timed_run(program, backend), workload.iterations)
+    return {
+        "host_blocked_us_per_iteration": round(c.host_blocked_us_per_iteration, 1),
+        "host_blocked_us_per_iteration_on": {k: round(v / c.iterations, 1) for k, v in sorted(c.blocked_on.items())},
+        "gpu_idle_us_per_forward_gap": round(c.gpu_idle_us_per_forward_gap, 1),
+        "iterations_per_s": round(c.iterations_per_s, 1),
+    }
 
 
 def _race_key(race) -> str:
@@ -76,9 +98,10 @@ def compare(
     rng = random.Random(seed)
     run = executor(backend)
     per_design: dict[str, dict[str, object]] = {
-        d.name: {"unordered": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
+        d.name: {"unordered": 0, "masked_only": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
     }
     pair_keys: list[dict[str, set[tuple[object, ...]]]] = []
+    extents: list[str] = []
     for _ in range(workloads):
         workload = decode_workload(
             rng.randbytes(rng.randint(11, 60)), hazards=allowed, max_iterations=8, plan_stream=plan_stream
@@ -92,6 +115,7 @@ def compare(
             races = find_races(program)
             keys[design.name] = {race.across_designs for race in races}
             row["unordered"] += bool(races)  # type: ignore[operator]
+            row["masked_only"] += bool(races) and all(masked_conflict(race) for race in races)  # type: ignore[operator]
             kinds = row["race_kinds"]
             assert isinstance(kinds, dict)
             for race in races:
@@ -102,28 +126,25 @@ def compare(
             assert isinstance(costs, list)
             costs.append(measure(program, _timed_run(program, backend), workload.iterations))
         pair_keys.append(keys)
+        extents.append(workload.read_extent)
 
-    steady = {}
-    for design in designs:
-        workload = replace(STEADY_DECODE, forward_cost_us=forward_us, host_work_us=host_us, launch_prep_us=prep_us)
-        program = build_program(workload, design.hooks)
-        c = measure(program, _timed_run(program, backend), workload.iterations)
-        steady[design.name] = {
-            "host_blocked_us_per_iteration": round(c.host_blocked_us_per_iteration, 1),
-            "host_blocked_us_per_iteration_on": {
-                k: round(v / c.iterations, 1) for k, v in sorted(c.blocked_on.items())
-            },
-            "gpu_idle_us_per_forward_gap": round(c.gpu_idle_us_per_forward_gap, 1),
-            "iterations_per_s": round(c.iterations_per_s, 1),
-        }
+    steady = {design.name: _steady(design, backend, forward_us, host_us, prep_us) for design in designs}
+    steady_host_syncs = {
+        design.name: _steady(design, backend, forward_us, host_us, prep_us, **HOST_SYNCS_29556) for design in designs
+    }
 
     names = [d.name for d in designs]
     differences = {}
+    by_extent: dict[str, dict[str, int]] = {extent: {} for extent in READ_EXTENTS}
     for a in names:
         for b in names:
             if a != b:
-                only = sum(bool(keys[a] - keys[b]) for keys in pair_keys)
-                differences[f"{a} not {b}"] = only
+                only = [bool(keys[a] - keys[b]) for keys in pair_keys]
+                differences[f"{a} not {b}"] = sum(only)
+                for extent in READ_EXTENTS:
+                    by_extent[extent][f"{a} not {b}"] = sum(
+                        o for o, e in zip(only, extents, strict=True) if e == extent
+                    )
     summary = {}
     for design in designs:
         row = per_design[design.name]
@@ -156,7 +177,10 @@ def compare(
         "launch_prep_us": prep_us,
         "designs": summary,
         "steady_decode": steady,
+        "steady_decode_with_29556_host_syncs": steady_host_syncs,
         "workloads_with_races_only_in": differences,
+        "workloads_per_read_extent": {extent: extents.count(extent) for extent in READ_EXTENTS},
+        "workloads_with_races_only_in_per_read_extent": by_extent,
     }
 
 
@@ -168,27 +192,47 @@ def render(result: dict[str, object]) -> str:
         f"forward {result['forward_us']:g} us, host work {result['host_work_us']:g} + launch prep "
         f"{result['launch_prep_us']:g} us per iteration; "
         f"costs {result['costs']}",
-        f"{'design':18} {'unordered':>9} {'corrupted':>9} {'host blocked/iter':>18} {'GPU idle/gap':>13} {'iter/s':>8}",
+        f"{'design':18} {'unordered':>9} {'masked only':>11} {'corrupted':>9} {'host blocked/iter':>18} "
+        f"{'GPU idle/gap':>13} {'iter/s':>8}",
     ]
     for name, row in designs.items():
         lines.append(
-            f"{name:18} {row['unordered']:>9} {row['corrupted']:>9} {row['host_blocked_us_per_iteration']:>15.1f} us "
+            f"{name:18} {row['unordered']:>9} {row['masked_only']:>11} {row['corrupted']:>9} "
+            f"{row['host_blocked_us_per_iteration']:>15.1f} us "
             f"{row['gpu_idle_us_per_forward_gap']:>10.1f} us {row['iterations_per_s']:>8.1f}"
         )
-    lines.append("(unordered / corrupted: workloads out of the total with a happens-before race / a manifested one)")
+    lines.append(
+        "(unordered / corrupted: workloads out of the total with a happens-before race / a manifested one; "
+        "masked only: every unordered pair touches masked columns only -- loaded, not used: an ordering "
+        "conflict, no corruption)"
+    )
     for name, row in designs.items():
         parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
         lines.append(f"  {name} host blocked per iteration on: {parts or 'nothing'}")
-    lines.append("steady decode (4 requests, 1 prefill + 9 decode iterations; the regime of #29556's measurement):")
-    for name, row in result["steady_decode"].items():  # type: ignore[union-attr]
-        parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
-        lines.append(
-            f"  {name:18} host blocked {row['host_blocked_us_per_iteration']:.1f} us/iter ({parts or 'nothing'}), "
-            f"GPU idle {row['gpu_idle_us_per_forward_gap']:.1f} us/gap, {row['iterations_per_s']:.1f} iter/s"
-        )
+    for key, title in (
+        (
+            "steady_decode",
+            "steady decode (4 requests, 1 prefill + 9 decode iterations; the regime of #29556's measurement):",
+        ),
+        (
+            "steady_decode_with_29556_host_syncs",
+            "the same with the host waits #29556 moved (D-stream synchronize for CPU seq lens, filter_batch .cpu()):",
+        ),
+    ):
+        lines.append(title)
+        for name, row in result[key].items():  # type: ignore[union-attr]
+            parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
+            lines.append(
+                f"  {name:18} host blocked {row['host_blocked_us_per_iteration']:.1f} us/iter ({parts or 'nothing'}), "
+                f"GPU idle {row['gpu_idle_us_per_forward_gap']:.1f} us/gap, {row['iterations_per_s']:.1f} iter/s"
+            )
+    per_extent = result["workloads_with_races_only_in_per_read_extent"]
+    counts = result["workloads_per_read_extent"]
+    assert isinstance(per_extent, dict) and isinstance(counts, dict)
     for pair, count in result["workloads_with_races_only_in"].items():  # type: ignore[union-attr]
         a, b = pair.split(" not ")
-        lines.append(f"workloads where {a} has a race that {b} does not: {count}")
+        split = ", ".join(f"{extent} {per_extent[extent][pair]}/{counts[extent]}" for extent in per_extent)
+        lines.append(f"workloads where {a} has a race that {b} does not: {count} (by read extent: {split})")
     for name, row in designs.items():
         for kind, count in sorted(row["race_kinds"].items(), key=lambda kv: -kv[1])[:4]:
             lines.append(f"  {name}: {kind}  ({count} races)")

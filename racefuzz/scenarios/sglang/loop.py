@@ -11,14 +11,20 @@ One iteration k of `Scheduler.event_loop_overlap` (see docs/model/sglang-overlap
    c. otherwise decode: DFLASH `prepare_for_decode` over-allocates `R[row, cur_alloc:reserved]` with
       `reserved = max(cur_alloc, committed_host + 2B)`, on S or on the plan stream P; with
       `page_size > 1` it first loads `R[row, cur_alloc - 1]` there (`get_last_loc`);
-3. `run_batch`: S waits on the previous forward's `publish_ready` (FutureMap), F waits on S (the RAW
-   edge), then forward k reads on F: decode reads the draft block `R[row, P:P+B]`, the draft metadata
-   and the verify page table `R[row, 0:P+B]`; prefill reads `R[row, 0:done+chunk]`. Then compute,
-   `publish_ready`, and the copy stream's D2H behind `copy_done`;
+3. `run_batch`: a decode batch's S waits on `publish_ready` (FutureMap.resolve_seq_lens_cpu waits only
+   when `spec_info.future_indices` is set; a prefill batch returns early), F waits on S (the RAW edge),
+   then forward k reads on F: decode reads the draft block `R[row, P:P+B]`, the draft metadata and the
+   verify page table `R[row, 0:P+B]`; prefill reads `R[row, 0:done+chunk]` (wider under the workload's
+   read extent). Then compute, `publish_ready` (one reused event, FutureMap.publish), and the copy
+   stream's D2H of the results behind `copy_done`;
 4. `pop_and_process` of forward k-1's result: the host blocks on `copy_done(k-1)` (this bounds the
-   in-flight window to one forward), learns accept lengths (committed lengths lag the GPU by one
-   forward), frees finished requests' rows -- while forward k, which still contains them, may read them --
-   and rewrites live rows' cached prefixes (post-launch radix rewrites, unfenced until #31687).
+   in-flight window to one forward), then reads the copied-back tokens / accept lengths on the host
+   (the `host` pseudo-stream), learns accept lengths (committed lengths lag the GPU by one forward),
+   frees finished requests' rows -- while forward k, which still contains them, may read them -- and,
+   for a prefill result, re-caches each unfinished request (`maybe_cache_unfinished_req`,
+   batch_result_processor.py:242 at `6582fc1e5`: radix `cache_unfinished_req` rewrites
+   `R[row, cache_protected_len:len]`, radix_cache.py:533) while forward k, the request's first decode,
+   reads that row (post-launch rewrites, unfenced until #31687). Decode results write nothing to R.
 
 The design's hooks are called at the points where sglang's sync code sits. Slot ids come from a counter
 and are never reused, so a clobbered read always shows a different value; rewrites always write new
@@ -32,13 +38,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from racefuzz.backends.protocol import HOST
 from racefuzz.device import Device, EventHandle, StreamHandle
 from racefuzz.program import Buffer, CellRange, Program
 from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 
+HOST_STREAM = HOST
+"""The host as a participant: its reads of copied-back results are launches on this pseudo-stream. Nothing
+waits on it and it waits on nothing, so only the host's own syncs order it (a host sync joins every
+stream's clock): the same happens-before as a thread reading pinned memory."""
 SCHEDULE_STREAM = "schedule_stream"
 FORWARD_STREAM = "forward_stream"
 PLAN_STREAM = "plan_stream"
+D2H_STREAM = "fwd_prepare_d2h_stream"
 COPY_STREAM = "copy_stream"
 TABLE = "req_to_token"
 
@@ -93,7 +105,7 @@ class _Batch:
     accepts: dict[int, int]  # rid -> accept length of this forward (decode, not over-scheduled)
     steps: dict[int, int]  # rid -> which decode step this forward was
     copy_done: EventHandle
-    publish_ready: EventHandle
+    recache: dict[int, tuple[int, int]]  # rid -> (cache_protected_len, len): prefill results to re-cache
 
 
 class Hooks:
@@ -173,7 +185,13 @@ class OverlapLoop:
         # Row 0 is sglang's padding row; rows 1..rows are handed out FIFO, as ReqToTokenPool does.
         self.table: Buffer = d.buffer(TABLE, workload.rows + 1, workload.max_context, fill=0)
         self.hidden = d.buffer("hidden_states", 1, 2)  # forward-private scratch of the compute kernels
-        self.output = d.buffer("output_tokens_cpu", 1, 1)  # copy-stream-private D2H target
+        # Pinned D2H targets of the results, one column per forward (each batch result owns its tensors).
+        self.output = d.buffer("output_tokens_cpu", 1, workload.iterations)
+        self.host = d.stream(HOST_STREAM)
+        self.publish_ready = d.event("publish_ready")  # FutureMap.publish_ready: one event, re-recorded
+        if workload.cpu_seq_lens:
+            self.d2h = d.stream(D2H_STREAM)
+            self.seq_lens_cpu = d.buffer("seq_lens_cpu", 1, 1)  # the pinned mirror only the D2H stream writes
         self.free_rows: deque[int] = deque(range(1, workload.rows + 1))
         self.used_rows: set[int] = set()
         self.waiting: deque[int] = deque()
@@ -275,6 +293,8 @@ class OverlapLoop:
             return None
         ctx, hooks, w = self.ctx, self.hooks, self.workload
         ctx.is_decode = True
+        if w.filter_batch_sync:
+            self.ctx.schedule_stream.synchronize()  # filter_batch's new_indices.cpu() (Workload.filter_batch_sync)
         hooks.call("prepare_decode", ctx)
         stream = ctx.plan_stream or ctx.schedule_stream
         if ctx.plan_stream is not None:
@@ -308,9 +328,18 @@ class OverlapLoop:
     def run_batch(self, batch: list[_Request]) -> _Batch:
         ctx, hooks, w, table = self.ctx, self.hooks, self.workload, self.table
         s, f, c = ctx.schedule_stream, ctx.forward_stream, ctx.copy_stream
-        if self.pending is not None:
-            # FutureMap.resolve_seq_lens_cpu: publish_ready.wait() on the schedule stream.
-            s.wait_event(self.pending.publish_ready)
+        if ctx.is_decode and self.pending is not None:
+            # FutureMap.resolve_seq_lens_cpu (overlap_utils.py): publish_ready.wait() on the schedule
+            # stream, only for a batch whose inputs come from the FutureMap (decode).
+            s.wait_event(self.publish_ready)
+            if w.cpu_seq_lens:
+                # ... then, when the backends need CPU seq lens, the D2H on its private stream and a host
+                # synchronize() of that stream (see `Workload.cpu_seq_lens`).
+                self.d2h.wait_event(self.publish_ready)
+                self.d2h.launch(
+                    "seq_lens_d2h", writes=[(self.seq_lens_cpu[0, 0:1], ctx.iteration)], info=self._info(batch)
+                )
+                self.d2h.synchronize()
         f.wait_stream(s)  # run_batch: forward_stream.wait_stream(schedule_stream), the RAW edge
         info = self._info(batch)
         B = w.block_size
@@ -342,11 +371,13 @@ class OverlapLoop:
             cost_us=cost,
             info=info,
         )
-        publish_ready = f.record_event("publish_ready")
+        self.publish_ready.record(f)
         hooks.call("forward_end", ctx)
         c.wait_stream(f)
-        c.launch("copy_to_cpu", writes=[(self.output[0, 0:1], ctx.iteration)], info=info)
+        k = ctx.iteration
+        c.launch("copy_to_cpu", writes=[(self.output[0, k : k + 1], k + 1)], info=info)
         copy_done = c.record_event("copy_done")
+        recache: dict[int, tuple[int, int]] = {}
         # What the GPU now knows: prefixes advance by the accepted tokens.
         for r in batch:
             if not ctx.is_decode:
@@ -354,6 +385,9 @@ class OverlapLoop:
                     r.gpu_prefix = r.committed_host = r.cur_alloc = r.spec.prompt_len
                     if not r.spec.accepts:  # max_new_tokens=1: the prefill forward was its last
                         r.final_forward = ctx.iteration
+                    elif w.post_launch_rewrites and r.spec.rewrite_at:
+                        # Earlier chunks were re-cached by stash_chunked_request: protected up to this chunk.
+                        recache[r.rid] = (r.chunk_start, r.spec.prompt_len)
                 continue
             steps[r.rid] = r.steps
             if r.steps < len(r.spec.accepts):  # else over-scheduled: finished, not yet known to the host
@@ -362,7 +396,7 @@ class OverlapLoop:
                 if r.steps == len(r.spec.accepts) - 1:
                     r.final_forward = ctx.iteration
             r.steps += 1
-        return _Batch(ctx.iteration, ctx.is_decode, batch, accepts, steps, copy_done, publish_ready)
+        return _Batch(ctx.iteration, ctx.is_decode, batch, accepts, steps, copy_done, recache)
 
     def process_result(self) -> None:
         """pop_and_process of the previous batch, after this iteration's launch."""
@@ -370,6 +404,13 @@ class OverlapLoop:
         if batch is None:
             return
         self.hooks.wait_result(self.ctx, batch.copy_done)
+        k = batch.iteration
+        # The host reads the copied-back next tokens / accept lengths (process_batch_result_*).
+        self.host.launch(
+            "result_read",
+            reads=[self.output[0, k : k + 1]],
+            info=self._info(batch.requests, site="process_batch_result", result_of=k),
+        )
         rewrites: list[_Request] = []
         for r in batch.requests:
             r.committed_host += batch.accepts.get(r.rid, 0)
@@ -377,20 +418,15 @@ class OverlapLoop:
                 r.released = True  # release_kv_cache: the row is free while forward k may still read it
                 self.free_rows.append(r.row)
                 self.live.remove(r)
-            elif (
-                self.workload.post_launch_rewrites
-                and batch.is_decode
-                and batch.steps.get(r.rid) in r.spec.rewrite_at
-                and not r.released
-            ):
+            elif r.rid in batch.recache and not r.released:
                 rewrites.append(r)
         if rewrites:
             writes = []
             for r in rewrites:
-                n = min(r.committed_host, self.workload.block_size)
-                writes.append((self.table[r.row, 0:n], self._slots(n)))
+                protected, length = batch.recache[r.rid]
+                writes.append((self.table[r.row, protected:length], self._slots(length - protected)))
             self.ctx.schedule_stream.launch(
-                "post_launch_rewrite", writes=writes, info=self._info(rewrites, site="cache_unfinished_req")
+                "post_launch_rewrite", writes=writes, info=self._info(rewrites, site="maybe_cache_unfinished_req")
             )
 
 

@@ -17,7 +17,7 @@ def _simpler_requests(r: RequestSpec) -> Iterator[RequestSpec]:
     if r.arrival:
         yield replace(r, arrival=0)
     if r.accepts:  # down to none: a request that finishes at its prefill (max_new_tokens=1)
-        yield replace(r, accepts=r.accepts[:-1], rewrite_at=tuple(s for s in r.rewrite_at if s < len(r.accepts) - 1))
+        yield replace(r, accepts=r.accepts[:-1])
     if any(a > 1 for a in r.accepts):
         yield replace(r, accepts=tuple(1 for _ in r.accepts))
     for step in r.rewrite_at:

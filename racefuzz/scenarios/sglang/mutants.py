@@ -118,16 +118,9 @@ class HeadroomOneBlock(_WarAfterLaunch):
 class SkipCopyDoneSync(_WarAfterLaunch):
     name = "mutant-skip-copy-done"
     description = (
-        "Result processing skips `copy_done.synchronize()` (batch_result_processor.py:187), so the host runs "
-        "on with two or more forwards in flight (no sglang PR of its own: the mutant of model section 7.2)."
-    )
-    equivalent = (
-        "No schedule can make it race on req_to_token: every schedule-stream write issued in iteration k is "
-        "already ordered after forward k-1's reads by `schedule_stream.wait_event(publish_ready)` in "
-        "run_batch (FutureMap.resolve_seq_lens_cpu, #29232), the plan stream inherits that through "
-        "`plan_stream.wait_stream(schedule_stream)`, and the barrier on the forward stream (FIFO) covers "
-        "every older forward; what the host sync protects in sglang is the host's own reads of the D2H'd "
-        "results, which the model does not carry."
+        "Result processing skips `copy_done.synchronize()` (batch_result_processor.py:187), so the host reads "
+        "the copied-back tokens / accept lengths before the copy stream's D2H landed: RAW on the host (no "
+        "sglang PR of its own: the mutant of model section 7.2)."
     )
 
     def wait_result(self, ctx, copy_done) -> None:

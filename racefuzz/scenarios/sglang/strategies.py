@@ -12,7 +12,7 @@ stream.
 
     recycled-row-prefill  requests finish and free rows that a later prefill reuses (tight row pool)
     chunked-stash         prompts longer than the chunk size (stash rewrites of the previous chunk)
-    post-launch-rewrite   result processing rewrites live rows' prefixes
+    post-launch-rewrite   prefill result processing re-caches unfinished requests' rows
     plan-stream           DFLASH decode prep runs on the plan stream
 
 and one opt-in hazard, outside `HAZARDS` so that the default workloads (and every seed's examples) stay
@@ -49,7 +49,7 @@ MAX_DECODE_STEPS = 6
 MAX_ITERATIONS = 8
 
 _HEADER = 4  # block size, iterations, rows, plan stream (bit 0) and page size (bit 1)
-_REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), rewrite bits
+_REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), re-cache bit
 
 
 def check_hazards(hazards: Collection[str]) -> frozenset[str]:
@@ -84,7 +84,7 @@ def decode_workload(
                 prompt_len=1 + prompt % MAX_PROMPT,
                 chunk=1 + chunk % MAX_PROMPT if chunked else 64,
                 accepts=tuple(1 + (pattern >> (2 * i)) % block_size for i in range(steps)),
-                rewrite_at=tuple(i for i in range(steps) if mask >> i & 1) if rewrites else (),
+                rewrite_at=(0,) if rewrites and mask & 1 else (),
             )
         )
     if not requests:

@@ -20,6 +20,37 @@ overlap_utils.py `FutureMap.resolve_seq_lens_cpu` (at `0178132`: without CPU seq
 dflash_worker_v2.py (:1394-1710), which plans with the reserved (allocated) lengths."""
 
 
+LIMITS: dict[str, tuple[int, int]] = {
+    "iterations": (1, 1024),
+    "block_size": (1, 64),
+    "rows": (1, 256),
+    "page_size": (1, 64),
+    "requests": (1, 256),
+    "arrival": (0, 1024),
+    "prompt_len": (1, 4096),
+    "chunk": (1, 4096),
+    "accepts": (0, 256),
+    "rewrite_at": (0, 256),
+}
+"""The range of every integer field of a workload (for `requests`, `accepts` and `rewrite_at`: their length),
+far above what a search draws (8 iterations, 12-token prompts) and low enough that a replay file cannot ask
+for a program that hangs or fills memory (`iterations: 10**9`, `prompt_len: 10**9`). Costs are finite
+microseconds up to MAX_COST_US."""
+
+MAX_COST_US = 1e7
+"""The largest forward, host-work or launch-prep cost a workload may ask for (10 s)."""
+
+
+def _check_int(what: str, name: str, value: object, length: bool = False) -> None:
+    low, high = LIMITS[name]
+    n = len(value) if length else value  # type: ignore[arg-type]
+    if not length and (type(value) is not int):
+        raise InvalidArgument(f"workload: {what} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= n <= high:  # type: ignore[operator]
+        size = "length of " if length else ""
+        raise InvalidArgument(f"workload: {size}{what} must be in [{low}, {high}], got {n}")
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """One request.
@@ -31,8 +62,12 @@ class RequestSpec:
         accepts: the DFLASH accept length of each of its decode forwards, each in [1, block_size]; it
             finishes after the last one (and is still in the next, over-scheduled forward). Empty: it
             finishes at its prefill (max_new_tokens=1), still over-scheduled in the next decode forward.
-        rewrite_at: decode steps (0-based) after whose forward the result processing rewrites this
-            request's cached prefix (radix `cache_unfinished_req`) while the next forward is in flight.
+        rewrite_at: non-empty (conventionally `(0,)`, result 0 being its prefill result): processing its
+            prefill result re-caches it (`maybe_cache_unfinished_req`, batch_result_processor.py:242 at
+            `6582fc1e5`), rewriting `R[row, cache_protected_len:prompt_len]` with new slot ids (radix
+            de-duplication's worst case) while its first decode forward reads the row. sglang re-caches
+            every unfinished request after its prefill; leaving it out lets a workload shrink without it.
+            Decode results write nothing to req_to_token, so no other entry has an effect.
     """
 
     arrival: int = 0
@@ -52,7 +87,7 @@ class Workload:
         block_size: DFLASH block size B (speculative_num_draft_tokens).
         rows: req_to_token rows available to requests (row 0 is the padding row and is never handed out).
         plan_stream: run DFLASH's decode prep (over-allocation) on the plan stream.
-        post_launch_rewrites: honour the requests' `rewrite_at` (result-processing rewrites).
+        post_launch_rewrites: honour the requests' `rewrite_at` (prefill-result re-caching).
         forward_cost_us: duration of each forward's compute (draft and verify each take half).
         page_size: KV page size. Above 1, DFLASH decode prep reads `R[row, cur_alloc - 1]` (`get_last_loc`)
             on its stream before over-allocating (dflash_info_v2.py:203-222); 1 (the default) reads nothing.
@@ -63,6 +98,15 @@ class Workload:
             columns beyond its length are loaded and masked) or "reserved" (backends that plan without CPU
             seq lens: the rectangle up to the batch's largest *allocated* length, `R[rows, 0:max(cur_alloc)]`,
             masked beyond each row's length).
+        cpu_seq_lens: the backends need CPU seq lens (`needs_cpu_seq_lens`, the base default, FA3
+            inherits it): before a decode launch `FutureMap.resolve_seq_lens_cpu` gates the private D2H
+            stream `fwd_prepare_d2h_stream` on `publish_ready`, copies the new seq lens to pinned memory
+            and the host `synchronize()`s that stream (overlap_utils.py:294-299 at `6582fc1e5`): a host
+            wait for the previous forward that #29556 moved off the schedule stream rather than removed.
+        filter_batch_sync: DFLASH `filter_batch` at #29556 calls `new_indices.cpu()`
+            (dflash_info_v2.py:245 at `6582fc1e5`, removed by #31468 `72c4ed1a3`): a host sync on the
+            schedule stream in decode prep, which stalls the host for the whole previous forward once the
+            schedule stream waits on the forward stream. Costs, not verdicts, are what it changes.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -76,8 +120,25 @@ class Workload:
     launch_prep_us: float = 0.0
     page_size: int = 1
     read_extent: str = "exact"
+    cpu_seq_lens: bool = False
+    filter_batch_sync: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("iterations", "block_size", "rows", "page_size"):
+            _check_int(name, name, getattr(self, name))
+        _check_int("requests", "requests", self.requests, length=True)
+        for name in ("forward_cost_us", "host_work_us", "launch_prep_us"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_COST_US:
+                raise InvalidArgument(f"workload: {name} must be microseconds in [0, {MAX_COST_US:g}], got {value!r}")
+        for i, r in enumerate(self.requests):
+            for name in ("arrival", "prompt_len", "chunk"):
+                _check_int(f"request {i} {name}", name, getattr(r, name))
+            for name in ("accepts", "rewrite_at"):
+                _check_int(f"request {i} {name}", name, getattr(r, name), length=True)
+                for item in getattr(r, name):
+                    if type(item) is not int:
+                        raise InvalidArgument(f"workload: request {i} {name} must hold integers, got {item!r}")
         if self.read_extent not in READ_EXTENTS:
             raise InvalidArgument(f"workload: read_extent must be one of {READ_EXTENTS}, got {self.read_extent!r}")
         if self.iterations < 1:
