@@ -18,6 +18,7 @@ store, sits on different streams and is unordered is reported, not just the firs
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from enum import Enum
 
@@ -125,6 +126,48 @@ def find_races(program: Program) -> list[Race]:
     races = clocks.races
     races.sort(key=lambda race: (race.second.index, race.first.index))
     return races
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One program's happens-before facts: its races, and which launch is ordered before which.
+
+    `clocks[i]` for launch i: (its stream id, its sequence number, its stream's clock when it was issued).
+    """
+
+    races: tuple[Race, ...]
+    clocks: dict[int, tuple[int, int, tuple[int, ...]]]
+
+    def ordered(self, a: int, b: int) -> bool:
+        """Whether launch `a` happens before launch `b` (or is `b`): every run applies `a` first."""
+        if a == b:
+            return True
+        stream, seq, _ = self.clocks[a]
+        return seq <= self.clocks[b][2][stream]
+
+
+_ANALYSES: dict[int, tuple[weakref.ref[Program], Analysis]] = {}
+ANALYSES_KEPT = 64
+"""Programs whose `analysis` is kept (a search reruns most of its workloads' programs)."""
+
+
+def analysis(program: Program) -> Analysis:
+    """`program`'s races (as `find_races` gives them) and its launch ordering; the same object for the last
+    ANALYSES_KEPT programs (the simulator and the forced-order strategy ask once per run)."""
+    known = _ANALYSES.get(id(program))
+    if known is not None and known[0]() is program:
+        return known[1]
+    clocks = _SnapshotClocks(len(program.streams), len(program.events), len(program.buffers))
+    clocks.visit_all(program.ops)
+    races = clocks.races
+    races.sort(key=lambda race: (race.second.index, race.first.index))
+    result = Analysis(tuple(races), clocks.snapshots)
+    if len(_ANALYSES) >= ANALYSES_KEPT:
+        dead = [key for key, (ref, _) in _ANALYSES.items() if ref() is None]
+        for key in dead or list(_ANALYSES)[: ANALYSES_KEPT // 2]:
+            del _ANALYSES[key]
+    _ANALYSES[id(program)] = (weakref.ref(program), result)
+    return result
 
 
 WIDE_ROWS = 8
@@ -258,6 +301,22 @@ class _Clocks(OpVisitor[None]):
 
     def visit_host_delay(self, op: HostDelay) -> None:
         """Host work orders nothing."""
+
+
+class _SnapshotClocks(_Clocks):
+    """The clocks, keeping each launch's (stream, sequence number, clock) for `Analysis.ordered`."""
+
+    __slots__ = ("snapshots",)
+
+    def __init__(self, streams: int, events: int, buffers: int = 1) -> None:
+        super().__init__(streams, events, buffers)
+        self.snapshots: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+
+    def visit_launch(self, op: Launch) -> None:
+        super().visit_launch(op)
+        s = op.stream.id
+        clock = self.clock[s]
+        self.snapshots[op.index] = (s, clock[s], tuple(clock))
 
 
 def _keys(op: Launch, buffers: int) -> list[tuple[int, int, int, bool]] | None:

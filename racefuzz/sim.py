@@ -23,13 +23,14 @@ The GPU kernels in `kernels/` follow the same shape: readers spin, then load; wr
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 # HOST, Execution and Span live in racefuzz.backends; they stay importable from here.
 from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
-from racefuzz.hb import find_races
+from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads, replay_in_order
 from racefuzz.program import (
     DeviceSync,
@@ -39,11 +40,12 @@ from racefuzz.program import (
     OpVisitor,
     Program,
     Record,
+    StreamOp,
     StreamSync,
     WaitEvent,
     WaitStream,
 )
-from racefuzz.schedule import NO_DELAYS, Schedule
+from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,21 @@ class SimConfig:
     Args:
         launch_cost_us: host time to enqueue one stream op (a kernel launch is ~5 us on a real GPU).
         kernel_cost_us: duration of a launch that declares no `cost_us`.
+        gate_cost_us: how long a forced order's wait kernel runs once released (> 0, so that the launch it
+            holds back takes effect strictly after the one it waited for, whatever their costs).
     """
 
     launch_cost_us: float = 5.0
     kernel_cost_us: float = 5.0
+    gate_cost_us: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("launch_cost_us", "kernel_cost_us"):
             value = getattr(self, name)
             if not value >= 0:
                 raise InvalidArgument(f"SimConfig.{name} must be >= 0, got {value!r}")
+        if not self.gate_cost_us > 0:
+            raise InvalidArgument(f"SimConfig.gate_cost_us must be > 0, got {self.gate_cost_us!r}")
 
 
 def simulate(
@@ -82,7 +89,8 @@ def simulate(
     schedule.check_against(program)
     spans: list[Span] = []
     # Appending spans is a third of the loop's cost; without a timeline they go to a list never read.
-    machine = _Machine(program, schedule, config, spans if record_timeline else _Discard())
+    timeline = spans if record_timeline else _Discard()
+    machine = (_GatedMachine if schedule.orders else _Machine)(program, schedule, config, timeline)
     host_delays = schedule.host_delays
     dispatch = machine.dispatcher()
     for op in program.ops:
@@ -93,6 +101,7 @@ def simulate(
             machine.timeline.append(Span(index, HOST, "host_delay", host, host + delay, "scheduled host delay"))
             machine.host = host + delay
         dispatch[type(op)](op)
+    machine.drained()
     access_time = machine.access_time
     end = max([machine.host, *machine.tail])
     facts = _facts(program)
@@ -107,7 +116,7 @@ def simulate(
 class _ProgramFacts(NamedTuple):
     """What every run of one program shares, computed at its first run.
 
-    `unordered_conflicts`: the (first, second) launch indices of every race `hb.find_races` reports.
+    `unordered_conflicts`: the (first, second) launch indices of every race `hb.analysis` reports.
     The simulator realizes every happens-before edge (a launch ordered after another starts after it
     ended, and ties apply in issue order), so a run whose accesses apply these pairs in issue order
     applies every conflicting pair in issue order, and its loads are the sequential ones
@@ -128,7 +137,7 @@ def _facts(program: Program) -> _ProgramFacts:
     known = _FACTS.get(id(program))
     if known is not None and known[0]() is program:
         return known[1]
-    pairs = tuple(dict.fromkeys((race.first.index, race.second.index) for race in find_races(program)))
+    pairs = tuple(dict.fromkeys((race.first.index, race.second.index) for race in analysis(program).races))
     facts = _ProgramFacts(program.launches, pairs)
     if len(_FACTS) >= FACTS_KEPT:
         dead = [key for key, (ref, _) in _FACTS.items() if ref() is None]
@@ -236,6 +245,141 @@ class _Machine(OpVisitor[None]):
 
     def visit_device_sync(self, op: DeviceSync) -> None:
         self._block_until(op.index, max([self.host, *self.tail]), "device synchronize")
+
+    def drained(self) -> None:
+        """Called after the last op: every stream op ran (nothing to check without forced orders)."""
+
+
+_Pending = tuple[StreamOp, float, tuple[int, ...]]
+"""A stream op not run yet: the op, the host time it was issued at, the ops it waits for (by index)."""
+
+
+class _GatedMachine(_Machine):
+    """The machine with forced orders (`Schedule.orders`): a gate holds launch `then`'s stream until launch
+    `first` has finished, plus `gate_cost_us` for the wait kernel.
+
+    `then` may be issued before `first`, so a stream op cannot always be timed when the host issues it. A
+    stream whose next op waits for an op not yet run is blocked: it and everything enqueued on it after it
+    queue in `pending[s]` with their issue times, and run as soon as what they wait for has run (a launch
+    waits for its gates' `first` launches, `wait_event` for the record it binds to, `wait_stream` for the
+    other stream's last op at the call: dependencies fixed when the host issues the op, as in CUDA). A host
+    sync that needs a queued op, or a queue left at the end, is a deadlock on the GPU (the host never issues
+    the `first` a gate waits for, or two gates wait for each other): `ScheduleInfeasible`.
+
+    `done[i]`: when stream op i completed (its stream's tail just after it).
+    """
+
+    __slots__ = ("done", "gate_cost", "gates", "kernels", "last_on", "latest_record", "pending", "waiters")
+
+    def __init__(self, program: Program, schedule: Schedule, config: SimConfig, timeline: list[Span] | _Discard):
+        super().__init__(program, schedule, config, timeline)
+        self.gate_cost = config.gate_cost_us
+        self.gates: dict[int, list[int]] = {}
+        for first, then in schedule.orders:
+            self.gates.setdefault(then, []).append(first)
+        self.kernels = {first: program.ops[first].kernel for first, _ in schedule.orders}  # type: ignore[union-attr]
+        self.done: dict[int, float] = {}
+        self.pending: list[deque[_Pending]] = [deque() for _ in program.streams]
+        self.waiters: dict[int, list[int]] = {}
+        self.last_on: list[int | None] = [None] * len(program.streams)
+        self.latest_record: list[int | None] = [None] * len(program.events)
+
+    def _enqueue(self, op: StreamOp, deps: tuple[int, ...]) -> None:
+        s = op.stream.id
+        self.host += self.launch_cost
+        self.last_on[s] = op.index
+        entry = (op, self.host, deps)
+        if self.pending[s] or not self._try(entry):
+            self.pending[s].append(entry)
+
+    def _try(self, entry: _Pending) -> bool:
+        """Run `entry` if everything it waits for has run; else register its stream as waiting."""
+        op, issued, deps = entry
+        for dep in deps:
+            if dep not in self.done:
+                self.waiters.setdefault(dep, []).append(op.stream.id)
+                return False
+        self._run(op, issued, deps)
+        return True
+
+    def _run(self, op: StreamOp, issued: float, deps: tuple[int, ...]) -> None:
+        index, s, tail, done = op.index, op.stream.id, self.tail, self.done
+        if index in self.device_delays:
+            start = max(issued, tail[s])
+            tail[s] = start + self.device_delays[index]
+            self.timeline.append(Span(index, self.names[s], "spin", start, tail[s], "injected delay"))
+        if type(op) is Launch:
+            start = max(issued, tail[s])
+            if deps:
+                released = max(done[first] for first in deps) + self.gate_cost
+                waited = ", ".join(f"op #{first} {self.kernels[first]}" for first in deps)
+                self.timeline.append(
+                    Span(index, self.names[s], "gate", start, max(start, released), f"gate: after {waited}")
+                )
+                start = max(start, released)
+            end = start + (self.kernel_cost if op.cost_us is None else op.cost_us) + self.read_spins.get(index, 0.0)
+            tail[s] = end
+            self.access_time[index] = end
+            self.timeline.append(Span(index, self.names[s], "kernel", start, end, op.kernel))
+        elif type(op) is Record:
+            tail[s] = max(issued, tail[s])
+        else:  # a wait: its stream goes on once what it binds to has completed
+            tail[s] = max([tail[s], *(done[dep] for dep in deps)])
+        done[index] = tail[s]
+        for t in self.waiters.pop(index, ()):
+            self._drain(t)
+
+    def _drain(self, s: int) -> None:
+        queue = self.pending[s]
+        while queue and self._try(queue[0]):
+            queue.popleft()
+
+    def visit_launch(self, op: Launch) -> None:
+        self._enqueue(op, tuple(self.gates.get(op.index, ())))
+
+    def visit_record(self, op: Record) -> None:
+        self._enqueue(op, ())
+        self.latest_record[op.event.id] = op.index
+
+    def visit_wait_event(self, op: WaitEvent) -> None:
+        record = self.latest_record[op.event.id]
+        self._enqueue(op, () if record is None else (record,))
+
+    def visit_wait_stream(self, op: WaitStream) -> None:
+        last = self.last_on[op.other.id]
+        self._enqueue(op, () if last is None else (last,))
+
+    def _need(self, index: int | None, what: str) -> float:
+        """When stream op `index` completed, for a host sync; ScheduleInfeasible if it has not run."""
+        if index is None:
+            return self.host
+        if index not in self.done:
+            raise ScheduleInfeasible(
+                f"the forced orders deadlock: the host blocks in {what} on op #{index}, which a gate holds "
+                "back until a launch the host has not issued yet"
+            )
+        return max(self.host, self.done[index])
+
+    def visit_event_sync(self, op: EventSync) -> None:
+        until = self._need(self.latest_record[op.event.id], f"{op.event}.synchronize()")
+        self._block_until(op.index, until, f"{op.event}.synchronize()")
+
+    def visit_stream_sync(self, op: StreamSync) -> None:
+        until = self._need(self.last_on[op.stream.id], f"{op.stream}.synchronize()")
+        self._block_until(op.index, until, f"{op.stream}.synchronize()")
+
+    def visit_device_sync(self, op: DeviceSync) -> None:
+        until = max([self.host, *(self._need(last, "device synchronize") for last in self.last_on)])
+        self._block_until(op.index, until, "device synchronize")
+
+    def drained(self) -> None:
+        for queue in self.pending:
+            if queue:
+                op = queue[0][0]
+                raise ScheduleInfeasible(
+                    f"the forced orders deadlock: op #{op.index} on {op.stream} waits for a gate that never "
+                    "opens (the orders form a cycle with the program's own edges)"
+                )
 
 
 class _Discard:

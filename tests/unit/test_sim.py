@@ -109,3 +109,79 @@ def test_the_no_replay_shortcut_gives_the_replayed_loads() -> None:
             for x, y in zip(arrays, replayed.observations[key], strict=True)
         )
     assert shortcut >= 10 and corrupted >= 3  # both paths were taken
+
+
+def _war_program():
+    """A reader on forward, then a writer of the same cells on schedule, no edge between them (a WAR race)."""
+    device = Device()
+    forward, schedule = device.stream("forward_stream"), device.stream("schedule_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    schedule.launch("prefill_write", writes=[(table[0, 0:4], 7)])
+    device.synchronize()
+    forward.launch("block_gather", reads=[table[0, 0:4]])  # op 2
+    schedule.launch("post_launch_rewrite", writes=[(table[0, 0:4], 9)])  # op 3
+    return device.finish()
+
+
+def test_a_forced_order_decides_the_race_whatever_the_delays() -> None:
+    program = _war_program()
+    reader, writer = 2, 3
+    clobbered = Schedule(orders=((writer, reader),))
+    run = simulate(program, clobbered)
+    assert run.observations[reader][0].tolist() == [[9, 9, 9, 9]]
+    assert run.access_time_us[writer] < run.access_time_us[reader]
+    # A long spin on the writer's stream does not undo the order; the gate waits for it.
+    late_writer = Schedule(device_delays={writer: 5000.0}, orders=((writer, reader),))
+    assert simulate(program, late_writer).observations[reader][0].tolist() == [[9, 9, 9, 9]]
+    # The other order holds against a read spin that would otherwise let the writer clobber the read.
+    spun = Schedule(read_spins={reader: 5000.0})
+    assert simulate(program, spun).observations[reader][0].tolist() == [[9, 9, 9, 9]]
+    kept = Schedule(read_spins={reader: 5000.0}, orders=((reader, writer),))
+    assert simulate(program, kept).observations[reader][0].tolist() == [[7, 7, 7, 7]]
+
+
+def test_the_gate_is_on_the_timeline() -> None:
+    program = _war_program()
+    run = simulate(program, Schedule(orders=((3, 2),)))
+    (gate,) = _spans(run, "gate")
+    assert gate.op_index == 2 and gate.track == "forward_stream"
+    assert "op #3 post_launch_rewrite" in gate.label
+    (writer,) = [span for span in _spans(run, "kernel") if span.op_index == 3]
+    assert gate.end_us == writer.end_us + SimConfig().gate_cost_us
+
+
+def test_orders_that_cannot_hold_are_infeasible_not_a_hang() -> None:
+    import pytest
+
+    from racefuzz.schedule import ScheduleInfeasible
+
+    program = _war_program()
+    with pytest.raises(ScheduleInfeasible, match="cycle"):
+        simulate(program, Schedule(orders=((3, 2), (2, 3))))
+    # The host blocks on forward before it issues the writer the gate waits for.
+    device = Device()
+    forward, schedule = device.stream("forward_stream"), device.stream("schedule_stream")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("block_gather", reads=[table[0, 0:4]])
+    forward.synchronize()
+    schedule.launch("post_launch_rewrite", writes=[(table[0, 0:4], 9)])
+    with pytest.raises(ScheduleInfeasible, match=r"forward_stream\.synchronize"):
+        simulate(device.finish(), Schedule(orders=((2, 0),)))
+
+
+def test_forced_orders_are_checked_and_round_trip() -> None:
+    import pytest
+
+    from racefuzz.errors import InvalidArgument
+
+    program = _war_program()
+    schedule = Schedule(read_spins={2: 40.0}, orders=[(3, 2), (3, 2)])
+    assert schedule.orders == ((3, 2),)
+    assert Schedule.from_json(schedule.to_json()) == schedule
+    assert "orders" not in Schedule(read_spins={2: 40.0}).to_json()  # delay-only files read as before
+    with pytest.raises(InvalidArgument, match="one stream"):
+        Schedule(orders=((0, 3),)).check_against(program)
+    with pytest.raises(InvalidArgument, match="not a launch"):
+        Schedule(orders=((1, 3),)).check_against(program)
+    with pytest.raises(InvalidArgument, match="itself"):
+        Schedule(orders=((3, 3),))
