@@ -12,7 +12,15 @@ from racefuzz.designs import load_design
 from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
 from racefuzz.program import EventSync
-from racefuzz.scenarios.sglang import ALL_HAZARDS, HAZARDS, RequestSpec, Workload, build_program, workloads
+from racefuzz.scenarios.sglang import (
+    ALL_HAZARDS,
+    HAZARDS,
+    LATER_HAZARDS,
+    RequestSpec,
+    Workload,
+    build_program,
+    workloads,
+)
 from racefuzz.scenarios.sglang.designs import BUILTIN
 from racefuzz.scenarios.sglang.mutants import MUTANTS
 
@@ -32,7 +40,7 @@ def test_at_least_twelve_mutants_each_named_described_and_loadable() -> None:
         assert name.startswith("mutant-") and name not in BUILTIN and design.hooks is mutant
         cites = "#" in design.description or "section 7.2" in design.description
         assert cites, f"{name}: the description names no sglang PR/issue (or the model's mutant list)"
-        assert set(mutant.hazards) <= set(ALL_HAZARDS) and mutant.base in BUILTIN
+        assert set(mutant.hazards) <= set(ALL_HAZARDS + LATER_HAZARDS) and mutant.base in BUILTIN
 
 
 def test_a_mutant_runs_from_the_command_line(tmp_path, capsys) -> None:
@@ -91,3 +99,41 @@ def test_skipping_copy_done_races_only_the_hosts_reads_of_the_results(workload: 
 def test_default_hazards_are_unchanged() -> None:
     assert HAZARDS == ("recycled-row-prefill", "chunked-stash", "post-launch-rewrite", "plan-stream")
     assert (*HAZARDS, "paged-get-last-loc") == ALL_HAZARDS
+
+
+def test_30261_read_done_before_the_replay_races_the_replays_reads_and_its_fix_does_not() -> None:
+    replay = Workload(requests=(RequestSpec(0, 4, 64, (1, 1), rewrite_at=(0,)),), iterations=2, replay_reads=True)
+    found = races(replay, "mutant-30261-read-done-before-replay")
+    assert found == {("WAR", "verify_forward", "post_launch_rewrite")}, "only the replay's read is left unordered"
+    assert races(replay, "war-after-launch") == found, "the design of its time (#29541's event position)"
+    assert races(replay, "read-done-post-replay") == set()
+    assert races(replace(replay, replay_reads=False), "war-after-launch") == set(), "no replay reads: clean"
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=ALL_HAZARDS + LATER_HAZARDS))
+def test_read_done_post_replay_is_clean_under_every_hazard(workload: Workload) -> None:
+    assert find_races(build_program(workload, load_design("read-done-post-replay").hooks)) == []
+
+
+def test_17850_chunked_row_recycling_races_without_a_barrier() -> None:
+    from types import SimpleNamespace
+
+    # A chunked request and one that arrives while it is chunked: the pre-#17850 allocator hands the
+    # chunked request's old row to the newcomer, whose prefill write races the previous chunk's extend.
+    workload = Workload(requests=(RequestSpec(0, 6, 3, (1,)), RequestSpec(1, 2, 64, (1,))), iterations=3, rows=2)
+    unfenced = SimpleNamespace(name="unfenced-pre-17850", recycle_chunked_rows=True)
+    program = build_program(workload, unfenced)
+    (race,) = find_races(program)
+    assert (race.kind.value, race.first.kernel, race.second.kernel) == ("WAR", "extend_page_table", "prefill_write")
+    assert race.second.info["rows"] == [2, 1], "the chunked request moved to row 2, the newcomer took row 1"
+    assert [str(cells) for cells in race.cells] == ["req_to_token[1, 0:2]"], "the newcomer's write of the old row"
+    assert not program.violations, "the moved request's whole prefix is written in its new row"
+    assert races(workload, "mutant-17850-chunked-row-recycled") == set(), "the barrier fences it (equivalent)"
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=("chunked-stash", "recycled-row-prefill")))
+def test_the_17850_mutant_is_equivalent_on_its_base(workload: Workload) -> None:
+    # Its `equivalent` argument, checked: no workload of its hazards makes it race.
+    assert find_races(build_program(workload, load_design("mutant-17850-chunked-row-recycled").hooks)) == []

@@ -47,7 +47,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_builtins_have_names_and_descriptions() -> None:
-    assert list(BUILTIN) == ["none", "self-event", "global-war", "read-done", "war-after-launch"]
+    assert list(BUILTIN) == ["none", "self-event", "global-war", "read-done", "war-after-launch", "read-done-post-replay"]
     for name in BUILTIN:
         design = load_design(name)
         assert design.name == name and design.description != "(no description)"

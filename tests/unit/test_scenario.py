@@ -8,7 +8,7 @@ import pytest
 
 from racefuzz import InvalidArgument, Schedule, find_corruptions, find_races, simulate
 from racefuzz.designs import load_design
-from racefuzz.program import Launch, WaitStream
+from racefuzz.program import EventSync, Launch, WaitEvent, WaitStream
 from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
 from racefuzz.scenarios.sglang.designs import BUILTIN
 
@@ -191,3 +191,53 @@ def test_read_extents_are_drawn_and_shrink_to_exact() -> None:
     assert [extent(b << 2) for b in range(4)] == ["exact", "rectangle", "reserved", "exact"]
     with pytest.raises(InvalidArgument, match="read_extent"):
         Workload(read_extent="diagonal")
+
+
+def test_the_post_launch_rewrite_follows_a_prefill_result_and_races_the_first_decode() -> None:
+    workload = Workload(requests=(RequestSpec(0, 4, 64, (1, 1), rewrite_at=(0,)),), iterations=2)
+    program = build_program(workload, load_design("global-war").hooks)
+    (rewrite,) = [op for op in program.launches if op.kernel == "post_launch_rewrite"]
+    assert rewrite.info["iteration"] == 1 and [str(cells) for cells in rewrite.writes] == ["req_to_token[1, 0:4]"]
+    assert races(workload, "global-war") == {
+        ("WAR", "draft_metadata", "post_launch_rewrite"),
+        ("WAR", "verify_page_table", "post_launch_rewrite"),
+    }
+    finishing = replace(workload, requests=(RequestSpec(0, 4, 64, (), rewrite_at=(0,)),))
+    assert races(finishing, "none") == set(), "a request that finishes at its prefill is not re-cached"
+
+
+def test_publish_ready_is_one_event_waited_on_by_decode_batches_only() -> None:
+    program = build_program(RECYCLE, load_design("none").hooks)
+    publish = [e for e in program.events if e.name == "publish_ready"]
+    assert len(publish) == 1
+    waits = [op for op in program.ops if isinstance(op, WaitEvent) and op.event == publish[0]]
+    decode_iterations = {op.info["iteration"] for op in program.launches if op.kernel == "verify_forward"}
+    launch_of_wait = [next(o for o in program.ops[op.index :] if isinstance(o, Launch)) for op in waits]
+    assert {launch.info["iteration"] for launch in launch_of_wait} == decode_iterations - {0}
+
+
+def test_the_host_reads_each_result_after_copy_done() -> None:
+    program = build_program(POST_LAUNCH, load_design("war-after-launch").hooks)
+    reads = [op for op in program.launches if op.kernel == "result_read"]
+    assert [op.stream.name for op in reads] == ["host"] * (POST_LAUNCH.iterations - 1)
+    assert [str(op.reads[0]) for op in reads] == [f"output_tokens_cpu[0, {k}:{k + 1}]" for k in range(3)]
+    for read in reads:
+        assert isinstance(program.ops[read.index - 1], EventSync), "copy_done.synchronize() right before it"
+
+
+def test_host_waits_moved_by_29556_cost_but_order_nothing_new() -> None:
+    from racefuzz.scenarios.sglang.compare import STEADY_DECODE
+    from racefuzz.scenarios.sglang.costs import measure
+
+    def blocked(design: str, **flags: bool) -> dict[str, float]:
+        workload = replace(STEADY_DECODE, forward_cost_us=3000.0, host_work_us=600.0, launch_prep_us=300.0, **flags)
+        program = build_program(workload, load_design(design).hooks)
+        assert find_races(program) == []
+        return measure(program, simulate(program), workload.iterations).blocked_on
+
+    assert "fwd_prepare_d2h_stream" not in blocked("global-war")
+    assert blocked("global-war", cpu_seq_lens=True)["fwd_prepare_d2h_stream"] > 1000.0
+    # filter_batch's .cpu() after the loop-top barrier stalls the host for the previous forward, as long
+    # as self-event's verify_done.synchronize() does: the wait moved, it was not removed.
+    moved = blocked("global-war", filter_batch_sync=True)["schedule_stream"]
+    assert moved == pytest.approx(blocked("self-event")["verify_done"], rel=0.05)

@@ -23,6 +23,7 @@ from racefuzz.scenarios.sglang.minimize import simpler_workloads
 from racefuzz.scenarios.sglang.strategies import (
     ALL_HAZARDS,
     HAZARDS,
+    LATER_HAZARDS,
     MAX_ITERATIONS,
     OPT_IN_HAZARDS,
     PRE_LAUNCH_HAZARDS,
@@ -36,6 +37,7 @@ from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 __all__ = [
     "ALL_HAZARDS",
     "HAZARDS",
+    "LATER_HAZARDS",
     "MAX_ITERATIONS",
     "OPT_IN_HAZARDS",
     "PRE_LAUNCH_HAZARDS",
@@ -59,7 +61,7 @@ class SglangOverlap:
     name = "sglang-overlap"
     table = TABLE
     hazards = HAZARDS
-    opt_in_hazards = OPT_IN_HAZARDS
+    opt_in_hazards = OPT_IN_HAZARDS + LATER_HAZARDS
     hook_names = Hooks.NAMES
     control_design = "none"
     default_design = "global-war"
@@ -114,6 +116,7 @@ class SglangOverlap:
             f"plan stream {'on' if w.plan_stream else 'off'}"
             + (f", page size {w.page_size}" if w.page_size > 1 else "")
             + (f", {w.read_extent} reads" if w.read_extent != "exact" else "")
+            + (", verify replay re-reads R" if w.replay_reads else "")
         )
 
 

@@ -162,6 +162,11 @@ class Hooks:
             copy_done.synchronize()
 
     @property
+    def recycle_chunked_rows(self) -> bool:
+        """The pre-#17850 allocator: a chunked request's row is freed and allocated again between chunks."""
+        return bool(getattr(self.design, "recycle_chunked_rows", False))
+
+    @property
     def headroom_blocks(self) -> int:
         """Over-allocation headroom in blocks: `reserved = committed_host + headroom_blocks * B`."""
         return int(getattr(self.design, "headroom_blocks", 2))
@@ -255,8 +260,16 @@ class OverlapLoop:
         s, table = self.ctx.schedule_stream, self.table
         batch: list[_Request] = []
         chunked = [r for r in self.live if not r.prefilled]
+        recycle = bool(chunked) and self.hooks.recycle_chunked_rows
+        if recycle:
+            # Pre-#17850 (`027f31405`): the chunked request's row is freed and it takes the free list's front,
+            # where its whole prefix is written again.
+            for r in chunked:
+                self.free_rows.append(r.row)
+                r.row = self.free_rows.popleft()
         if chunked:
-            writes = [(table[r.row, r.chunk_start : r.done], self._slots(r.done - r.chunk_start)) for r in chunked]
+            starts = [0 if recycle else r.chunk_start for r in chunked]
+            writes = [(table[r.row, a : r.done], self._slots(r.done - a)) for r, a in zip(chunked, starts, strict=True)]
             s.launch("stash_rewrite", writes=writes, info=self._info(chunked, site="stash_chunked_request"))
             batch.extend(chunked)
         recycled: list[int] = []
@@ -365,8 +378,11 @@ class OverlapLoop:
             f.launch("extend_page_table", reads=page_table, unused_reads=masked, info=info)
         hooks.call("after_reads", ctx)
         cost = w.forward_cost_us / 2 if ctx.is_decode else w.forward_cost_us
+        replay_reads = ctx.is_decode and w.replay_reads  # in-graph metadata re-reads R (Workload.replay_reads)
         f.launch(
             "verify_forward" if ctx.is_decode else "extend_forward",
+            reads=page_table if replay_reads else (),
+            unused_reads=masked if replay_reads else (),
             writes=[(self.hidden[0, 1:2], 1)],
             cost_us=cost,
             info=info,

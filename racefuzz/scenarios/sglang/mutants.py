@@ -20,7 +20,7 @@ Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `l
 from __future__ import annotations
 
 from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
-from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS
+from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS, LATER_HAZARDS
 
 ALL = ALL_HAZARDS
 """Every hazard, the opt-in page_size > 1 read included: the base `war-after-launch` is clean under all."""
@@ -234,6 +234,47 @@ class PlanOverwritesDraftReads(_WarAfterLaunch):
         """No `plan_stream.wait_stream(schedule_stream)`: the barrier's edge is not inherited."""
 
 
+class ReadDoneBeforeReplay:
+    """Base `read-done-post-replay` (clean under every hazard, replay reads included), mutated back."""
+
+    name = "mutant-30261-read-done-before-replay"
+    description = (
+        "With a verify whose CUDA-graph replay re-reads req_to_token, `read_done` is recorded after "
+        "`load_batch` and before `replay` (#29541's event position) instead of after the replay, so the "
+        "barrier releases result-processing rewrites while the replay still reads the row (#30261; the fix "
+        "records read_done_post_replay, decode_cuda_graph_runner.py:1225-1261 at `8905cbd42`)."
+    )
+    base = "read-done-post-replay"
+    hazards: tuple[str, ...] = ALL_HAZARDS + LATER_HAZARDS
+    plan_stream: bool | None = None
+    equivalent: str | None = None
+
+    def after_reads(self, ctx) -> None:
+        if ctx.is_decode:
+            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
+
+    def after_launch(self, ctx) -> None:
+        apply_war_barrier(ctx)
+
+
+class ChunkedRowRecycled(_WarAfterLaunch):
+    name = "mutant-17850-chunked-row-recycled"
+    description = (
+        "The pre-#17850 allocator (`027f31405`) frees a chunked request's row between chunks and allocates "
+        "it again: the row goes to the back of the free list, the request takes the front one, and a request "
+        "admitted later writes its prefix into the old row while the previous chunk's extend may still read it."
+    )
+    hazards = ("chunked-stash", "recycled-row-prefill")
+    recycle_chunked_rows = True
+    equivalent = (
+        "The WAR barrier fences it: every schedule-stream write of iteration k follows the coarse "
+        "`schedule_stream.wait_stream(forward_stream)` issued after launch k-1 (an extend forward publishes no "
+        "read_done), so the new owner's prefill write of the old row is ordered after the previous chunk's "
+        "extend read. #17850 raced in a loop without that barrier (on `none`, tests/quality/"
+        "test_mutant_catalogue.py shows the race)."
+    )
+
+
 MUTANTS: dict[str, object] = {
     mutant.name: mutant
     for mutant in (
@@ -250,6 +291,8 @@ MUTANTS: dict[str, object] = {
         RecycledRowUnfenced(),
         LoopTopBarrier(),
         PlanOverwritesDraftReads(),
+        ReadDoneBeforeReplay(),
+        ChunkedRowRecycled(),
     )
 }
 """The mutants by name, in the benchmark's order."""

@@ -42,6 +42,14 @@ PRE_LAUNCH_HAZARDS = ("recycled-row-prefill", "chunked-stash", "plan-stream")
 OPT_IN_HAZARDS = ("paged-get-last-loc",)
 """Hazards a search draws only when asked for by name (not part of the default `HAZARDS`)."""
 ALL_HAZARDS = HAZARDS + OPT_IN_HAZARDS
+"""The hazards `war-after-launch` (#31687) fences: what the mutants' base is clean under."""
+LATER_HAZARDS = ("replay-reads",)
+"""Opt-in hazards of sglang's later code that `war-after-launch` does not fence (outside `ALL_HAZARDS`):
+
+    replay-reads  the verify runs as a CUDA graph whose replay re-reads req_to_token (trtllm_mha's
+                  in-graph metadata, #31686; breakable-graph verify, #30261): a `read_done` recorded
+                  before the replay no longer follows every read (`read-done-post-replay` is the fix)
+"""
 
 MAX_BLOCK_SIZE = 4
 MAX_PROMPT = 12
@@ -53,9 +61,10 @@ _REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), re-cache
 
 
 def check_hazards(hazards: Collection[str]) -> frozenset[str]:
-    unknown = set(hazards) - set(ALL_HAZARDS)
+    known = ALL_HAZARDS + LATER_HAZARDS
+    unknown = set(hazards) - set(known)
     if unknown:
-        raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(ALL_HAZARDS)}")
+        raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(known)}")
     return frozenset(hazards)
 
 
@@ -107,6 +116,7 @@ def decode_workload(
         post_launch_rewrites=rewrites,
         page_size=page_size,
         read_extent=read_extent,
+        replay_reads="replay-reads" in hazards,
     )
 
 

@@ -103,6 +103,11 @@ class Workload:
             stream `fwd_prepare_d2h_stream` on `publish_ready`, copies the new seq lens to pinned memory
             and the host `synchronize()`s that stream (overlap_utils.py:294-299 at `6582fc1e5`): a host
             wait for the previous forward that #29556 moved off the schedule stream rather than removed.
+        replay_reads: the verify is a CUDA-graph replay that re-reads req_to_token inside the graph
+            (trtllm_mha's in-graph metadata kernel, #31686; a breakable-graph verify, #30261): the replay
+            kernel loads the page table again, after `after_reads` (where `read_done` is recorded before
+            the replay) -- decode_cuda_graph_runner.py:1225-1261 at `8905cbd42` records
+            `read_done_post_replay` for these.
         filter_batch_sync: DFLASH `filter_batch` at #29556 calls `new_indices.cpu()`
             (dflash_info_v2.py:245 at `6582fc1e5`, removed by #31468 `72c4ed1a3`): a host sync on the
             schedule stream in decode prep, which stalls the host for the whole previous forward once the
@@ -121,6 +126,7 @@ class Workload:
     page_size: int = 1
     read_extent: str = "exact"
     cpu_seq_lens: bool = False
+    replay_reads: bool = False
     filter_batch_sync: bool = False
 
     def __post_init__(self) -> None:

@@ -5,14 +5,22 @@ self-event        DFLASH's own `verify_done` fence (before #29556)
 global-war        the scheduler's global WAR barrier at the loop top (#29556)
 read-done         the barrier with DFLASH's read-done fast path (#29541)
 war-after-launch  the barrier moved after the launch (#31687)
+read-done-post-replay  that barrier on a read_done recorded after the verify graph replay (#30261's fix)
 """
 
 from __future__ import annotations
 
-from racefuzz.scenarios.sglang.designs import global_war, none, read_done, self_event, war_after_launch
+from racefuzz.scenarios.sglang.designs import (
+    global_war,
+    none,
+    read_done,
+    read_done_post_replay,
+    self_event,
+    war_after_launch,
+)
 
 BUILTIN: dict[str, object] = {
     module.design.name: module.design  # type: ignore[attr-defined]
-    for module in (none, self_event, global_war, read_done, war_after_launch)
+    for module in (none, self_event, global_war, read_done, war_after_launch, read_done_post_replay)
 }
 """The built-in designs by name."""
