@@ -99,3 +99,51 @@ extern "C" __global__ void page_table_build(const int* table, int ld, const int*
                                             long long spin_ns) {
     rf_load_cells(table, ld, rects, observed, spin_ns);
 }
+
+// ---- Gates: forced orders (racefuzz/schedule.py `orders`) ------------------------------------------------
+// A forced order "launch A finishes before launch B starts" (A and B on different streams, issued in either
+// order) is a pair of one-thread kernels around a flag in device memory, reset to 0 for every run:
+//   rf_gate_signal(flag)                         right after A on A's stream;
+//   rf_gate_wait(flag, timed_out, timeout_ns)    right before B on B's stream.
+// The wait spins until the flag is set, so B's stream runs nothing after it until A has completed. If the
+// flag is not set within `timeout_ns` (%globaltimer), the wait gives up and stores 1 into `timed_out`: the
+// order could not be realized (the host never issued A, blocked in a sync that waits for B's stream, or
+// two gates wait for each other). The host reads `timed_out` back and reports the schedule infeasible; the
+// run itself always ends, never hangs.
+//
+// Why B sees everything A stored (the memory-ordering argument):
+//  1. Stream order: the signal kernel starts only after A has completed, and a kernel's stores are
+//     performed before a later kernel of the same stream starts (CUDA's stream semantics).
+//  2. The signal's flag store is `st.release.gpu`: every store the signalling thread can observe before
+//     it -- which by (1) includes all of A's -- is made visible at GPU scope no later than the flag (PTX
+//     memory model, release pattern; the fence.acq_rel.gpu before it makes the cumulativity explicit).
+//  3. The wait's flag load is `ld.acquire.gpu`: once it reads 1, every store released before the flag is
+//     visible to the waiting thread, and the `fence.acq_rel.gpu` after it orders the kernel's completion
+//     after that observation.
+//  4. Stream order again: B starts only after the wait kernel has completed, so B's loads and stores
+//     come after the acquire, and A's stores are visible to B; B's stores cannot land before A's loads,
+//     since A completed (loads included) before the signal.
+// Both kernels run one thread and touch one int each, so a gate costs two tiny launches. The wait backs
+// off with __nanosleep between polls so that it does not hammer the flag's L2 line.
+
+extern "C" __global__ void rf_gate_signal(int* flag) {
+    if (threadIdx.x != 0) return;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+}
+
+extern "C" __global__ void rf_gate_wait(int* flag, int* timed_out, long long timeout_ns) {
+    if (threadIdx.x != 0) return;
+    const unsigned long long start = rf_now_ns();
+    int seen = 0;
+    while (true) {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
+        if (seen != 0) break;
+        if ((long long)(rf_now_ns() - start) >= timeout_ns) {
+            *timed_out = 1;
+            break;
+        }
+        __nanosleep(200);
+    }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}

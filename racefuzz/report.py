@@ -236,6 +236,12 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
         f"  counterexample: {scenario.describe(w)}; {s.nonzero_delays} non-zero delay(s)"
         + (f": {'; '.join(delays)}" if delays else "")
     )
+    # Forced orders against issue order are what the counterexample chose; the others keep issue order.
+    inverted = [(a, b) for a, b in s.orders if a > b]
+    for first, then in inverted:
+        lines.append(f"  forced: {at(first)} finished before {at(then)} started (a gate)")
+    if len(s.orders) > len(inverted):
+        lines.append(f"  forced in issue order (gates): {len(s.orders) - len(inverted)} other racing pair(s)")
     if replay_path is not None:
         lines.append(f"  replay: racefuzz replay {replay_path}")
     return "\n".join(lines)

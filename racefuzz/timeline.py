@@ -16,7 +16,9 @@ from racefuzz.hb import Race
 from racefuzz.search import Outcome
 from racefuzz.sim import simulate
 
-_KIND_COLOURS = {"kernel": "#4C72B0", "spin": "#BBBBBB", "host_delay": "#DDAA33", "sync": "#55A868"}
+_KIND_COLOURS = {"kernel": "#4C72B0", "spin": "#BBBBBB", "host_delay": "#DDAA33", "sync": "#55A868", "gate": "#8C564B"}
+"""Span kinds' colours; a `gate` is a forced order's wait before the launch it holds back (its label names
+the launch it waits for)."""
 _CONFLICT_COLOUR = "#C44E52"
 
 
@@ -148,6 +150,8 @@ def draw(ax, execution: Execution, race: Race | None = None, read_spins: dict[in
             ax.axvline(span.end_us, color=_CONFLICT_COLOUR, linestyle=":", linewidth=1)
         elif span.kind == "kernel" and width > 0.12 * execution.host_end_us:
             ax.text(span.start_us + width / 2, y, label, ha="center", va="center", fontsize=7, color="white")
+        elif span.kind == "gate":
+            ax.text(span.start_us, y - 0.42, span.label, ha="left", va="top", fontsize=7, color=_KIND_COLOURS["gate"])
     ax.set_yticks(range(len(tracks)))
     ax.set_yticklabels(list(reversed(tracks)))
     ax.set_xlabel("time (us)")

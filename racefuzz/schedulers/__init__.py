@@ -7,6 +7,7 @@ the search take their choices from `STRATEGIES`.
     random   up to `max_delays` delays, each on a drawn launch (the default; `racefuzz.schedulers.random`)
     pct      PCT-style stream priorities and change points (`racefuzz.schedulers.pct`)
     orders   forced orders of racing pairs, realized by gates, no spin (`racefuzz.schedulers.orders`)
+    interleave  forced orders of any unordered launch pairs: tests the checker and the gates
     none     no injected delay: a plain stress loop, the baseline (`racefuzz.schedulers.none`)
 
 To add one: a module with `NAME`, `DESCRIPTION` and a class taking the keyword options below (ignoring
@@ -26,7 +27,13 @@ if TYPE_CHECKING:
     from racefuzz.program import Program
     from racefuzz.schedule import Schedule
 
-_MODULES = {"random": "RandomDelays", "pct": "PctDelays", "orders": "ForcedOrders", "none": "NoDelays"}
+_MODULES = {
+    "random": "RandomDelays",
+    "pct": "PctDelays",
+    "orders": "ForcedOrders",
+    "interleave": "ForcedInterleaving",
+    "none": "NoDelays",
+}
 
 STRATEGIES: tuple[str, ...] = tuple(_MODULES)
 """The delay strategies by name, the default first."""

@@ -3,14 +3,16 @@
 Hypothesis shrinks the byte strings that workloads and schedules are decoded from; it does not know that
 7 bytes are a request or that one header byte is the iteration count, so it can stop at, say, two
 requests over six iterations when one request over three would fail the same way. This pass knows the
-structure. It greedily tries simpler candidates -- fewer delays, shorter delays, fewer iterations, fewer
-requests, simpler requests -- and keeps a candidate only if it still fails the same oracle (a manifested
-corruption in every one of `repeat` runs, or an unordered pair), until none is accepted.
+structure. It greedily tries simpler candidates -- fewer forced orders, fewer delays, shorter delays, fewer
+iterations, fewer requests, simpler requests -- and keeps a candidate only if it still fails the same
+oracle (a manifested corruption in every one of `repeat` runs, or an unordered pair), until none is
+accepted.
 
 The workload candidates come from the scenario (`Scenario.simpler_workloads`); the schedule candidates
 (drop a delay, halve one) are generic. Delays are keyed by op index, which changes when the workload
 changes; a delay follows its launch by the scenario's `launch_identity` (for the overlap loop: stream,
-kernel, iteration) and is dropped when that launch no longer exists.
+kernel, iteration) and is dropped when that launch no longer exists; a forced order follows both its
+launches the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from racefuzz.hb import RaceKind, find_races
 from racefuzz.oracle import find_corruptions
 from racefuzz.program import Launch, Program
 from racefuzz.scenarios import Workload
-from racefuzz.schedule import Schedule
+from racefuzz.schedule import Schedule, ScheduleInfeasible
 
 MIN_DELAY_US = 20.0
 MAX_RETARGETS = 3
@@ -51,7 +53,14 @@ def transfer(
                 moved[where[identity(op)]] = us
         return moved
 
-    return Schedule(move(schedule.device_delays), move(schedule.read_spins), move(schedule.host_delays))
+    orders = []
+    for first, then in schedule.orders:
+        a, b = old.ops[first], old.ops[then]
+        if isinstance(a, Launch) and isinstance(b, Launch) and identity(a) in where and identity(b) in where:
+            moved = (where[identity(a)], where[identity(b)])
+            if new.ops[moved[0]].stream != new.ops[moved[1]].stream:  # type: ignore[union-attr]
+                orders.append(moved)
+    return Schedule(move(schedule.device_delays), move(schedule.read_spins), move(schedule.host_delays), tuple(orders))
 
 
 def _retargeted(
@@ -63,6 +72,11 @@ def _retargeted(
     reader of a WAR, a spin before the writer of a RAW or WAW."""
     yield transfer(schedule, old, new, identity)
     if not timed:
+        return
+    if schedule.orders and not schedule.nonzero_delays:
+        # Forced orders alone: aim one at each of the new program's first races, in its racing order.
+        for race in find_races(new)[:MAX_RETARGETS]:
+            yield Schedule(orders=((race.second.index, race.first.index),))
         return
     delays = [*schedule.device_delays.values(), *schedule.read_spins.values(), *schedule.host_delays.values()]
     if not delays:  # it corrupted with no injected delay (possible on a GPU): nothing to re-aim
@@ -76,6 +90,8 @@ def _retargeted(
 
 
 def _schedule_candidates(schedule: Schedule, floor_us: float) -> Iterator[Schedule]:
+    for order in schedule.orders:
+        yield replace(schedule, orders=tuple(o for o in schedule.orders if o != order))
     parts = ("device_delays", "read_spins", "host_delays")
     for part in parts:
         for index in getattr(schedule, part):
@@ -117,7 +133,10 @@ def minimize(
             return False
         if run is None:
             return bool(program.violations or find_races(program))
-        return all(bool(find_corruptions(program, run(program, delays).observations)) for _ in range(repeat))
+        try:
+            return all(bool(find_corruptions(program, run(program, delays).observations)) for _ in range(repeat))
+        except ScheduleInfeasible:  # forced orders that cannot hold on this candidate: not a failure
+            return False
 
     if run is None:
         schedule = Schedule()

@@ -18,9 +18,14 @@ KERNEL_FILE = "req_to_token.cu"
 WRITE_FALLBACK = "rf_write_cells"
 READ_FALLBACK = "rf_read_cells"
 SPIN_KERNEL = "rf_spin"
+GATE_SIGNAL = "rf_gate_signal"
+GATE_WAIT = "rf_gate_wait"
+"""The two kernels of a forced order's gate (see `kernels/req_to_token.cu`)."""
 
 _WRITER_PARAMS = ("int*", "int", "const int*", "const int*")  # table, ld, rects, values
 _READER_PARAMS = ("const int*", "int", "const int*", "int*", "long long")  # table, ld, rects, observed, spin
+_SIGNAL_PARAMS = ("int*",)  # flag
+_WAIT_PARAMS = ("int*", "int*", "long long")  # flag, timed_out, timeout_ns
 _GLOBAL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)')
 
 
@@ -35,6 +40,8 @@ class KernelCatalog:
     writers: frozenset[str]
     readers: frozenset[str]
     spin: str = SPIN_KERNEL
+    gate_signal: str = GATE_SIGNAL
+    gate_wait: str = GATE_WAIT
 
     def writer_for(self, kernel: str) -> str:
         return kernel if kernel in self.writers else WRITE_FALLBACK
@@ -44,7 +51,7 @@ class KernelCatalog:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.spin, *sorted(self.writers), *sorted(self.readers))
+        return (self.spin, self.gate_signal, self.gate_wait, *sorted(self.writers), *sorted(self.readers))
 
 
 def _param_type(param: str) -> str:
@@ -60,6 +67,8 @@ def kernel_catalog(source: str) -> KernelCatalog:
     writers: set[str] = set()
     readers: set[str] = set()
     spins: set[str] = set()
+    signals: set[str] = set()
+    waits: set[str] = set()
     for name, params in _GLOBAL_RE.findall(source):
         types = tuple(_param_type(p) for p in params.split(",") if p.strip())
         if types == _WRITER_PARAMS:
@@ -68,9 +77,18 @@ def kernel_catalog(source: str) -> KernelCatalog:
             readers.add(name)
         elif types == ("long long",):
             spins.add(name)
-    missing = [
-        n for n, found in ((WRITE_FALLBACK, writers), (READ_FALLBACK, readers), (SPIN_KERNEL, spins)) if n not in found
-    ]
+        elif types == _SIGNAL_PARAMS:
+            signals.add(name)
+        elif types == _WAIT_PARAMS:
+            waits.add(name)
+    required = (
+        (WRITE_FALLBACK, writers),
+        (READ_FALLBACK, readers),
+        (SPIN_KERNEL, spins),
+        (GATE_SIGNAL, signals),
+        (GATE_WAIT, waits),
+    )
+    missing = [n for n, found in required if n not in found]
     if missing:
         raise BackendUnavailable(f"{KERNEL_FILE} lacks the kernel(s) {', '.join(missing)} with the expected signature")
     return KernelCatalog(frozenset(writers), frozenset(readers))

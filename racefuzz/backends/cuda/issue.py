@@ -4,7 +4,10 @@
 records, waits and syncs are torch's own calls on fresh torch streams and never-recorded events; kernels
 are the runtime's CuPy kernels, launched on those streams through their CuPy views;
 `schedule.device_delays[i]` is an `rf_spin` kernel on op i's stream right before op i;
-`schedule.read_spins[i]` is launch i's own in-kernel spin before its loads (its read window); host delays
+`schedule.read_spins[i]` is launch i's own in-kernel spin before its loads (its read window); a forced
+order (a, b) of `schedule.orders` is a gate: `rf_gate_wait` on b's stream right before b (after b's
+scheduled spin), `rf_gate_signal` on a's stream right after a, around a flag reset for every run; a wait
+that times out makes `finish` raise `ScheduleInfeasible`; host delays
 (scheduled, and `HostDelay` ops) busy-wait on `time.perf_counter`, since `time.sleep` overshoots by tens
 of microseconds. A launch that both reads and writes issues its read calls, then its write calls, on its
 stream: loads first, as in the replay. `Launch.cost_us` is an `rf_spin` of that length on the launch's
@@ -25,7 +28,7 @@ from typing import Any
 
 from racefuzz.backends.cuda.availability import require
 from racefuzz.backends.cuda.runtime import THREADS_PER_BLOCK, Bound, Runtime, get_runtime
-from racefuzz.backends.cuda.staging import Staging, collect_observations, stage
+from racefuzz.backends.cuda.staging import Staging, collect_observations, stage, timed_out_gates
 from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
 from racefuzz.program import (
@@ -40,7 +43,7 @@ from racefuzz.program import (
     WaitEvent,
     WaitStream,
 )
-from racefuzz.schedule import NO_DELAYS, Schedule
+from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,9 @@ class CudaExecutor:
             staged.copy_(runtime.torch.from_numpy(last.staging.host))  # synchronous from pageable memory
             streams, ext, events = runtime.fresh_streams_and_events(program)
             old = last.bound
-            bound = Bound(old.tables, staged, streams, ext, events, old.launch_calls, old.spins, old.costs)
+            bound = Bound(
+                old.tables, staged, streams, ext, events, old.launch_calls, old.spins, old.costs, old.waits, old.signals
+            )
             last.bound = bound
             return last.staging, bound
         self._last = None  # drop the previous device array before allocating the next
@@ -232,8 +237,10 @@ class StartedRun:
         origin: Any,
         marks: list[_GpuMark],
         host_spans: list[Span],
+        schedule: Schedule = NO_DELAYS,
     ) -> None:
         self._torch, self._config = torch, config
+        self.schedule = schedule  # its forced orders name the gates that timed out, if any
         # Holding `bound` keeps the run's device array alive until `finish`: freed earlier, torch's
         # caching allocator could hand it to the next upload while these kernels still use it.
         self.program, self.staging, self.bound = program, staging, bound
@@ -259,8 +266,16 @@ class StartedRun:
         torch.cuda.synchronize()
         host_end_us = (time.perf_counter() - self._t0) * 1e6
         base = staging.observed_base
-        observed = self.bound.staged[base : base + staging.observed_size].cpu().numpy()
-        observations = collect_observations(program, staging, observed)
+        readback = self.bound.staged[base : base + staging.readback_size].cpu().numpy()
+        if staging.gate_count:
+            stuck = timed_out_gates(staging, readback)
+            if stuck:
+                orders = ", ".join(f"op #{a} before op #{b}" for a, b in (self.schedule.orders[k] for k in stuck))
+                raise ScheduleInfeasible(
+                    f"the forced order(s) {orders} could not be realized: the gate's wait timed out (the host "
+                    "never issued the first launch in time, or the gates wait for each other)"
+                )
+        observations = collect_observations(program, staging, readback)
 
         spans: list[Span] = []
         access_time: dict[int, float] = {}
@@ -290,6 +305,8 @@ class _Issuer(OpVisitor[None]):
         self.spins, self.costs, self.launch_calls = bound.spins, bound.costs, bound.launch_calls
         self.streams, self.ext, self.events = bound.streams, bound.ext, bound.events
         self.spin_kernel = runtime.spin_kernel
+        self.gate_wait, self.gate_signal = runtime.gate_kernels
+        self.waits, self.signals = bound.waits, bound.signals
         self.names = [s.name for s in program.streams]
         self.block = (THREADS_PER_BLOCK,)
         self.one = (1,)
@@ -324,10 +341,27 @@ class _Issuer(OpVisitor[None]):
             mark.end.record(self.streams[s])
             self.marks.append(mark)
 
+    def _gate(self, index: int, s: int) -> None:
+        """The waits of the forced orders that hold launch `index` back: `rf_gate_wait`s on its stream `s`."""
+        mark = (
+            _GpuMark(index, self.names[s], "gate", "gate", self.timing_event(), self.timing_event())
+            if self.timeline
+            else None
+        )
+        if mark is not None:
+            mark.begin.record(self.streams[s])
+        for args in self.waits[index]:
+            self.gate_wait(self.one, self.one, args, stream=self.ext[s])
+        if mark is not None:
+            mark.end.record(self.streams[s])
+            self.marks.append(mark)
+
     def visit_launch(self, op: Launch) -> None:
         index, s = op.index, op.stream.id
         if index in self.spins:
             self._spin(index, s)
+        if index in self.waits:
+            self._gate(index, s)
         stream, ext, block = self.streams[s], self.ext[s], self.block
         mark = (
             _GpuMark(index, self.names[s], "kernel", op.kernel, self.timing_event(), self.timing_event())
@@ -343,6 +377,8 @@ class _Issuer(OpVisitor[None]):
         if mark is not None:
             mark.end.record(stream)
             self.marks.append(mark)
+        for args in self.signals.get(index, ()):
+            self.gate_signal(self.one, self.one, args, stream=ext)
 
     def visit_record(self, op: Record) -> None:
         s = op.stream.id
@@ -398,4 +434,6 @@ def _issue(
         if index in host_delays:
             issuer.host_delay(index, host_delays[index], "scheduled host delay")
         dispatch[type(op)](op)
-    return StartedRun(torch, program, staging, bound, config, issuer.t0, issuer.origin, issuer.marks, issuer.host_spans)
+    return StartedRun(
+        torch, program, staging, bound, config, issuer.t0, issuer.origin, issuer.marks, issuer.host_spans, schedule
+    )

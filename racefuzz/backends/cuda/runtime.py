@@ -32,6 +32,11 @@ THREADS_PER_BLOCK = 128
 _MAX_REDRAWS = 64
 """Extra streams drawn when torch's pool hands back one already taken (two laps of its 32-stream pool)."""
 
+GATE_TIMEOUT_US = 100_000.0
+"""How long a gate's wait kernel waits for its signal beyond everything the run is scheduled to spin (its
+delays and its launches' costs, added per run) before it gives up and marks the order infeasible: far
+above any real wait for a kernel, short enough that an infeasible schedule costs a tenth of a second."""
+
 KernelCall = tuple[Any, tuple[int], tuple[Any, ...]]
 """A bound kernel call: (CuPy kernel, grid, argument tuple); the block is `THREADS_PER_BLOCK`."""
 
@@ -89,7 +94,9 @@ class BoundMemory(NamedTuple):
 
     `staged` is the device copy of `Staging.host`; `tables` are views into it. `launch_calls` holds each
     launch's kernel calls, `spins` each scheduled device delay and `costs` each launch's own duration
-    (`Launch.cost_us`), both as `rf_spin` argument tuples.
+    (`Launch.cost_us`), both as `rf_spin` argument tuples. `waits[b]` are the `rf_gate_wait` argument
+    tuples to issue right before launch b, `signals[a]` the `rf_gate_signal` ones right after launch a
+    (one each per forced order (a, b) of the schedule).
     """
 
     staged: Any
@@ -97,6 +104,8 @@ class BoundMemory(NamedTuple):
     launch_calls: dict[int, list[KernelCall]]
     spins: dict[int, tuple[Any, ...]]
     costs: dict[int, tuple[Any, ...]]
+    waits: dict[int, list[tuple[Any, ...]]]
+    signals: dict[int, list[tuple[Any, ...]]]
 
 
 @dataclass
@@ -115,6 +124,8 @@ class Bound:
     launch_calls: dict[int, list[KernelCall]]
     spins: dict[int, tuple[Any, ...]]
     costs: dict[int, tuple[Any, ...]]
+    waits: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
+    signals: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +142,11 @@ class Runtime:
     catalog: KernelCatalog
     kernels: dict[str, Any]
     _external: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def gate_kernels(self) -> tuple[Any, Any]:
+        """(`rf_gate_wait`, `rf_gate_signal`): a forced order's two kernels, launched as `(1,), (1,)`."""
+        return self.kernels[self.catalog.gate_wait], self.kernels[self.catalog.gate_signal]
 
     @property
     def spin_kernel(self) -> Any:
@@ -195,7 +211,18 @@ class Runtime:
             for launch in program.launches
             if launch.cost_us  # None (the backend's default: the kernel's own time) or 0: no spin
         }
-        return BoundMemory(staged, tables, launch_calls, spins, costs)
+        waits: dict[int, list[tuple[Any, ...]]] = {}
+        signals: dict[int, list[tuple[Any, ...]]] = {}
+        if schedule.orders:
+            scheduled_us = sum(schedule.device_delays.values()) + sum(schedule.read_spins.values())
+            scheduled_us += sum(launch.cost_us or 0.0 for launch in program.launches)
+            timeout = spin_ns(GATE_TIMEOUT_US + scheduled_us)
+            for k, (first, then) in enumerate(schedule.orders):
+                flag = np.uint64(staged_ptr + 4 * (staging.gates_at + 2 * k))
+                timed_out = np.uint64(staged_ptr + 4 * (staging.gates_at + 2 * k + 1))
+                waits.setdefault(then, []).append((flag, timed_out, timeout))
+                signals.setdefault(first, []).append((flag,))
+        return BoundMemory(staged, tables, launch_calls, spins, costs, waits, signals)
 
     def fresh_streams_and_events(self, program: Program) -> tuple[list[Any], list[Any], list[Any]]:
         """Pairwise distinct torch streams (none the current one), their CuPy views, and never-recorded events."""
@@ -209,9 +236,9 @@ class Runtime:
 
     def bind(self, program: Program, schedule: Schedule, staging: Staging) -> Bound:
         """Bind `staging` to fresh device memory, fresh streams and fresh events (see `Bound`)."""
-        staged, tables, launch_calls, spins, costs = self.bind_memory(program, schedule, staging)
+        staged, tables, launch_calls, spins, costs, waits, signals = self.bind_memory(program, schedule, staging)
         streams, ext, events = self.fresh_streams_and_events(program)
-        return Bound(tables, staged, streams, ext, events, launch_calls, spins, costs)
+        return Bound(tables, staged, streams, ext, events, launch_calls, spins, costs, waits, signals)
 
 
 _runtimes: dict[int, Runtime] = {}

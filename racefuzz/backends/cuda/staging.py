@@ -2,8 +2,9 @@
 
 `stage` packs every call's rectangle descriptors, every write's values, the observation slots (poisoned,
 so a load that never ran cannot pass for a good one) and every buffer's initial contents into one array,
-which one synchronous copy puts on the device before anything is issued; `collect_observations` cuts the
-slots copied back into per-launch loads.
+which one synchronous copy puts on the device before anything is issued, with two zeroed ints per forced
+order (its gate's flag and timed-out mark); `collect_observations` cuts the slots copied back into
+per-launch loads, and `timed_out_gates` reads the gates' marks.
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ class Staging:
         observed_size: how many slots there are (the sum of all read ranges' sizes).
         calls: launch index -> its kernel calls, in issue order (reads first).
         observed_at: launch index -> where each of its read ranges starts, counted from `observed_base`.
-        tables_at: buffer id -> where that buffer's cells start in `host` (after the observation slots).
+        tables_at: buffer id -> where that buffer's cells start in `host` (after the gate slots).
+        gates_at: where the gate slots start in `host`, right after the observation slots (one copy back
+            carries both): two ints per forced order of the schedule, in `Schedule.orders` order -- its
+            flag, then its timed-out mark -- both 0 until the run sets them.
+        gate_count: how many forced orders (gates) there are.
     """
 
     host: np.ndarray
@@ -63,6 +68,13 @@ class Staging:
     calls: dict[int, tuple[StagedCall, ...]]
     observed_at: dict[int, tuple[int, ...]]
     tables_at: tuple[int, ...] = ()
+    gates_at: int = 0
+    gate_count: int = 0
+
+    @property
+    def readback_size(self) -> int:
+        """How many ints from `observed_base` a run copies back: the observation slots, then the gate slots."""
+        return self.observed_size + 2 * self.gate_count
 
 
 def _overlaps(a: Any, b: Any) -> bool:
@@ -120,7 +132,9 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
             for buffer, buffer_calls in groups.items():
                 out.extend(emit(writer, buffer, rects, False, 0.0) for rects in buffer_calls)
         calls[launch.index] = tuple(out)
-    tables_base = value_cursor + observed_cursor
+    gates_at = value_cursor + observed_cursor
+    gate_count = len(schedule.orders)
+    tables_base = gates_at + 2 * gate_count
     tables_at = []
     cursor = tables_base
     for buffer in program.buffers:
@@ -134,10 +148,11 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
     host[:values_base] = descriptors
     if chunks:
         np.concatenate(chunks, out=host[values_base:value_cursor])
-    host[value_cursor:tables_base] = POISON
+    host[value_cursor:gates_at] = POISON
+    host[gates_at:tables_base] = 0
     for buffer, at in zip(program.buffers, tables_at, strict=True):
         host[at : at + buffer.rows * buffer.cols] = buffer.fill
-    return Staging(host, value_cursor, observed_cursor, calls, observed_at, tuple(tables_at))
+    return Staging(host, value_cursor, observed_cursor, calls, observed_at, tuple(tables_at), gates_at, gate_count)
 
 
 def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
@@ -151,3 +166,9 @@ def collect_observations(program: Program, staging: Staging, observed: np.ndarra
                 for cells, at in zip(launch.reads, starts, strict=True)
             )
     return observations
+
+
+def timed_out_gates(staging: Staging, readback: np.ndarray) -> list[int]:
+    """The positions (in `Schedule.orders`) of the gates whose wait gave up, from the ints copied back."""
+    marks = readback[staging.observed_size + 1 : staging.observed_size + 2 * staging.gate_count : 2]
+    return [int(i) for i in np.nonzero(marks)[0]]

@@ -1,0 +1,83 @@
+"""Forced orders among all unordered launches: any interleaving of the streams, gates only, no spin.
+
+Like `racefuzz.schedulers.orders`, but each 2 bytes pick among *every* pair of launches on different
+streams that happens-before leaves unordered, conflicting or not, and force the later-issued one first.
+Every racing pair left undecided is then forced in issue order (so the loads still do not depend on
+timing). On a program the checker calls race-free no forced order may change a load: a search with this
+strategy tests the checker and the backends rather than the design (a load that differs means a conflict
+the checker did not see, or a gate that did not hold), and on the GPU it measures what gates cost.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from hypothesis import strategies as st
+
+from racefuzz.errors import InvalidArgument
+from racefuzz.hb import analysis
+from racefuzz.program import Program
+from racefuzz.schedule import Order, Schedule
+from racefuzz.schedulers.orders import ForcedSet
+
+NAME = "interleave"
+DESCRIPTION = "forced orders among all unordered launch pairs, conflicting or not (gates; tests the checker)"
+
+_ORDER = 2
+
+_PAIRS: dict[int, tuple[weakref.ref[Program], list[Order]]] = {}
+PAIRS_KEPT = 64
+"""Programs whose unordered launch pairs are kept (a search reruns most of its workloads' programs)."""
+
+
+class ForcedInterleaving:
+    """Up to `max_delays` forced orders among the program's unordered launch pairs."""
+
+    name = NAME
+
+    def __init__(self, *, max_delays: int = 4, **_: object) -> None:
+        if max_delays < 0:
+            raise InvalidArgument(f"interleave: max_delays must be >= 0, got {max_delays}")
+        self.max_orders = max_delays
+
+    def strategy(self) -> st.SearchStrategy[bytes]:
+        return st.binary(max_size=_ORDER * self.max_orders)
+
+    def decode(self, data: bytes, program: Program) -> Schedule:
+        return decode_interleaving(data, program)
+
+
+def unordered_launch_pairs(program: Program) -> list[Order]:
+    """Every (earlier, later) pair of launches on different streams with no happens-before edge, in issue order."""
+    known = _PAIRS.get(id(program))
+    if known is not None and known[0]() is program:
+        return known[1]
+    facts = analysis(program)
+    launches = program.launches
+    pairs = [
+        (a.index, b.index)
+        for j, b in enumerate(launches)
+        for a in launches[:j]
+        if a.stream != b.stream and not facts.ordered(a.index, b.index)
+    ]
+    if len(_PAIRS) >= PAIRS_KEPT:
+        dead = [key for key, (ref, _) in _PAIRS.items() if ref() is None]
+        for key in dead or list(_PAIRS)[: PAIRS_KEPT // 2]:
+            del _PAIRS[key]
+    _PAIRS[id(program)] = (weakref.ref(program), pairs)
+    return pairs
+
+
+def decode_interleaving(data: bytes, program: Program) -> Schedule:
+    """The forced orders a byte string stands for on `program` (see the module docstring)."""
+    pairs = unordered_launch_pairs(program)
+    if not pairs:
+        return Schedule()
+    facts = analysis(program)
+    forced = ForcedSet(facts)
+    for at in range(0, len(data) - _ORDER + 1, _ORDER):
+        first, second = pairs[(data[at] | data[at + 1] << 8) % len(pairs)]
+        forced.add(second, first)
+    for race in facts.races:
+        forced.add(race.first.index, race.second.index)
+    return Schedule(orders=tuple(forced.orders))
