@@ -1,0 +1,127 @@
+"""`TraceEnv`: what a traced step receives: its device, named streams and events, and names for tensors.
+
+On a GPU the streams and events are real `torch.cuda` ones (the step may as well create its own with
+torch's API: the recorder sees them through torch's GPU-trace callbacks and names them `stream#k`). On the
+CPU, for CI without a GPU, they are `VirtualStream` / `VirtualEvent` objects with the same methods: work is
+executed eagerly, but every launch is recorded on the stream the step made current, and every record, wait
+and sync is recorded as it would be on a GPU. So the happens-before verdict of a step is the same on both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from racefuzz.trace.recorder import Recorder
+
+
+class VirtualStream:
+    """A stream of a CPU trace: records what a `torch.cuda.Stream` would report (see the module doc)."""
+
+    def __init__(self, recorder: Recorder, name: str) -> None:
+        self._recorder = recorder
+        self.name = name
+
+    def wait_stream(self, other: VirtualStream) -> None:
+        """As torch's: `self.wait_event(other.record_event())`."""
+        self.wait_event(other.record_event())
+
+    def record_event(self, event: VirtualEvent | None = None) -> VirtualEvent:
+        event = event or VirtualEvent(self._recorder)
+        event.record(self)
+        return event
+
+    def wait_event(self, event: VirtualEvent) -> None:
+        self._recorder.on_wait(event.name, self.name)
+
+    def synchronize(self) -> None:
+        self._recorder.on_stream_sync(self.name)
+
+    def __repr__(self) -> str:
+        return f"VirtualStream({self.name!r})"
+
+
+class VirtualEvent:
+    """An event of a CPU trace."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.name = recorder.new_event_name()
+
+    def record(self, stream: VirtualStream | None = None) -> None:
+        self._recorder.on_record(self.name, (stream or self._recorder.virtual_current).name)
+
+    def wait(self, stream: VirtualStream | None = None) -> None:
+        (stream or self._recorder.virtual_current).wait_event(self)
+
+    def synchronize(self) -> None:
+        self._recorder.on_event_sync(self.name)
+
+
+class TraceEnv:
+    """What racefuzz hands a step: `device`, `stream(name)`, `use(stream)`, `event()`, `synchronize()`,
+    `name(tensor, name)`. A step written against it runs on the GPU and, recorded, on the CPU."""
+
+    def __init__(self, recorder: Recorder, device: str) -> None:
+        self._recorder = recorder
+        self.device = device
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def stream(self, name: str) -> Any:
+        """A new stream named `name` (a `torch.cuda.Stream` on the GPU)."""
+        if self.on_gpu:
+            import torch
+
+            stream = torch.cuda.Stream()
+            self._recorder.name_stream(stream.cuda_stream, name)
+            return stream
+        return VirtualStream(self._recorder, name)
+
+    def current_stream(self) -> Any:
+        if self.on_gpu:
+            import torch
+
+            return torch.cuda.current_stream()
+        return self._recorder.virtual_current
+
+    @contextlib.contextmanager
+    def use(self, stream: Any) -> Iterator[None]:
+        """Make `stream` current for the block (`torch.cuda.stream(stream)` on the GPU)."""
+        if self.on_gpu:
+            import torch
+
+            with torch.cuda.stream(stream):
+                yield
+            return
+        previous = self._recorder.virtual_current
+        self._recorder.virtual_current = stream
+        try:
+            yield
+        finally:
+            self._recorder.virtual_current = previous
+
+    def event(self) -> Any:
+        if self.on_gpu:
+            import torch
+
+            return torch.cuda.Event()
+        return VirtualEvent(self._recorder)
+
+    def synchronize(self) -> None:
+        """`torch.cuda.synchronize()`."""
+        if self.on_gpu:
+            import torch
+
+            torch.cuda.synchronize()
+        else:
+            self._recorder.on_device_sync()
+
+    def name(self, tensor: Any, name: str) -> Any:
+        """Name `tensor`'s storage `name` in reports and in `watch`; returns `tensor`."""
+        self._recorder.name_storage(tensor, name)
+        return tensor

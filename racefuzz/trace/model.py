@@ -1,0 +1,140 @@
+"""What a traced step did, in host order: launches with their byte intervals, stream and event operations,
+host syncs. Pure data (no torch), written by the recorders and read by `convert` and the report.
+
+Streams and events are named by strings that are stable across runs of the same step (the name the step
+gave them, else the order in which the recorder first saw them), so that a delay point or a launch of one
+run names the same thing in another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from racefuzz.trace.intervals import Interval
+
+HOST = "host"
+"""The stream name of the host's own reads and writes of device or pinned memory (`.item()` results
+read by Python, pinned buffers filled by the host): the host is a participant like a stream."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """One allocation (one epoch of one device block) the step touched.
+
+    Args:
+        key: the recorder's id for it (a freed-and-reused block gets a new key).
+        name: what the report calls it (the name the step gave the tensor, else where it came from).
+        nbytes: its size.
+        itemsize: the element size of the tensor first seen on it (to print byte ranges as elements).
+        row_bytes: bytes per row when it was first seen as a 2-D table, else 0 (to print `R[row, c0:c1]`).
+    """
+
+    key: int
+    name: str
+    nbytes: int
+    itemsize: int = 1
+    row_bytes: int = 0
+
+    def describe(self, start: int, end: int) -> str:
+        """`req_to_token[1, 4:8]` for a byte range inside one row, else elements or bytes."""
+        size = self.itemsize
+        if start % size or end % size:
+            return f"{self.name} bytes [{start}, {end})"
+        if self.row_bytes and start // self.row_bytes == (end - 1) // self.row_bytes:
+            row, base = divmod(start, self.row_bytes)
+            return f"{self.name}[{row}, {base // size}:{base // size + (end - start) // size}]"
+        return f"{self.name}[{start // size}:{end // size}] (flat)"
+
+
+@dataclass(frozen=True)
+class Access:
+    """The bytes one launch touched in one storage, as sorted, merged intervals."""
+
+    storage: int
+    intervals: tuple[Interval, ...]
+
+
+@dataclass(frozen=True)
+class TraceLaunch:
+    """One kernel (a torch op, a Triton or CuPy kernel, a host access, a free) as the step issued it.
+
+    Args:
+        index: its position among the trace's ops.
+        stream: the stream it was enqueued on (`HOST` for the host's own accesses).
+        kernel: the torch op (`aten.index.Tensor`), Triton kernel or CuPy kernel name.
+        kind: `torch`, `triton`, `cupy`, `host` or `free`.
+        reads, writes: the bytes it loads and stores.
+        source: `file:line (function)` of the user's line that launched it.
+        assumed: its read/write sets are the conservative default (no annotation).
+    """
+
+    index: int
+    stream: str
+    kernel: str
+    kind: str
+    reads: tuple[Access, ...]
+    writes: tuple[Access, ...]
+    source: str = ""
+    assumed: bool = False
+
+    def describe(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return f"#{self.index} {self.kernel} on {self.stream}{where}"
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """`event.record(stream)`."""
+
+    index: int
+    event: str
+    stream: str
+
+
+@dataclass(frozen=True)
+class TraceWait:
+    """`stream.wait_event(event)` (and the wait half of `stream.wait_stream(other)`)."""
+
+    index: int
+    stream: str
+    event: str
+
+
+@dataclass(frozen=True)
+class TraceStreamSync:
+    """The host blocked until `stream` drained (`stream.synchronize()`, `.item()`, a blocking copy)."""
+
+    index: int
+    stream: str
+
+
+@dataclass(frozen=True)
+class TraceEventSync:
+    """The host blocked until the latest record of `event` completed."""
+
+    index: int
+    event: str
+
+
+@dataclass(frozen=True)
+class TraceDeviceSync:
+    """`torch.cuda.synchronize()`."""
+
+    index: int
+
+
+TraceOp = TraceLaunch | TraceRecord | TraceWait | TraceStreamSync | TraceEventSync | TraceDeviceSync
+
+
+@dataclass
+class Trace:
+    """A recorded step: its storages, streams (in order of first use) and ops in host order."""
+
+    storages: dict[int, Storage] = field(default_factory=dict)
+    streams: list[str] = field(default_factory=list)
+    ops: list[TraceOp] = field(default_factory=list)
+    assumed_kernels: list[str] = field(default_factory=list)
+
+    @property
+    def launches(self) -> list[TraceLaunch]:
+        return [op for op in self.ops if isinstance(op, TraceLaunch)]

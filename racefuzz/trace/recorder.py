@@ -1,0 +1,459 @@
+"""The recorder: turns what a step does into a `Trace`, and is where delays and value snapshots happen.
+
+Frontends report to the active `Recorder`:
+
+* torch ops through `TraceMode`, a `TorchDispatchMode`: read and write sets from the op's schema
+  (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
+  are not accesses), the stream from the current stream;
+* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton`): arguments and the
+  kernel's name; sets from its annotation, else the conservative default;
+* stream and event operations and host syncs through torch's GPU-trace callbacks (GPU), or the virtual
+  streams of `TraceEnv` (CPU); allocations and frees through the same callbacks (GPU): a freed block is a
+  new storage when reused, and the free itself is a write of the whole block on the stream it was
+  allocated on (the caching allocator may hand it to that stream's next allocation at once), so a use on
+  another stream not ordered before the free is a race.
+
+Every launch gets an ordinal (its position among launches). The same step run twice launches the same
+sequence, so an ordinal names "the same launch" in the serialized reference run and in a fuzzed run:
+delay points are (stream, n-th launch on it) and value snapshots are keyed by ordinal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from racefuzz.trace.annotations import WHOLE, annotation
+from racefuzz.trace.intervals import Interval, merge, view_intervals
+from racefuzz.trace.model import (
+    HOST,
+    Access,
+    Storage,
+    Trace,
+    TraceDeviceSync,
+    TraceEventSync,
+    TraceLaunch,
+    TraceRecord,
+    TraceStreamSync,
+    TraceWait,
+)
+
+SPIN_CYCLES_PER_US = 1980
+"""`torch.cuda._sleep` counts SM clock cycles; at the H200's 1.98 GHz boost clock one microsecond is about
+this many (a slower clock makes the spin longer, which is harmless for a delay)."""
+
+_MACHINERY = frozenset(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    for name in ("recorder.py", "capture.py", "env.py", "annotations.py", "search.py")
+)
+_LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
+_IS_LIBRARY: dict[str, bool] = {}
+_SHOWN: dict[str, str] = {}
+
+
+def _is_library(filename: str) -> bool:
+    known = _IS_LIBRARY.get(filename)
+    if known is None:
+        known = filename in _MACHINERY or any(marker in filename for marker in _LIBRARY_MARKERS)
+        _IS_LIBRARY[filename] = known
+    return known
+
+
+def user_source(skip: int = 2) -> str:
+    """`file:line (function)` of the innermost frame outside the recorder, torch, Triton and Hypothesis."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            shown = _SHOWN.get(filename)
+            if shown is None:
+                shown = _SHOWN[filename] = filename if filename.startswith("<") else os.path.relpath(filename)
+            return f"{shown}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return ""
+
+
+@dataclass
+class Snapshot:
+    """What one launch stored into one storage: bytes `[lo, hi)` of it, compared only on `intervals`."""
+
+    slot: object
+    lo: int
+    hi: int
+    intervals: tuple[Interval, ...]
+    data: Any = None  # a uint8 tensor of hi - lo bytes (moved to the CPU at the end of the run)
+
+
+@dataclass
+class RunRecord:
+    """What one run of a step left: its trace, per-launch snapshots, what it returned, the delays it applied."""
+
+    trace: Trace
+    snapshots: dict[int, list[Snapshot]] = field(default_factory=dict)
+    outputs: Mapping[str, Any] = field(default_factory=dict)
+    delays_applied: list[tuple[str, int, float]] = field(default_factory=list)
+    launch_ops: list[int] = field(default_factory=list)  # ordinal -> index in trace.ops
+
+    def kernel_sequence(self) -> list[tuple[str, str]]:
+        """(stream, kernel) of every launch (by ordinal): what two runs of one step must agree on. Frees
+        and host accesses are not launches: when the host frees a tensor depends on Python's garbage
+        collector, not on the step's control flow."""
+        ops = self.trace.ops
+        return [(ops[i].stream, ops[i].kernel) for i in self.launch_ops]  # type: ignore[union-attr]
+
+
+class Recorder:
+    """Collects one run's `Trace` (see the module doc).
+
+    Args:
+        device: `cuda` or `cpu` (a CPU run records virtual streams and executes eagerly).
+        evaluate_annotations: evaluate kernels' annotations (may read device values: the reference run only).
+        serialize: synchronize the device after every launch (the reference run).
+        delays: (stream, n) -> microseconds to spin on `stream` before its n-th launch (0-based).
+        snapshot_plan: ordinal -> the snapshots to take after that launch; None: take one per write
+            (the reference run, which makes the plan for the fuzzed runs).
+    """
+
+    def __init__(
+        self,
+        device: str,
+        *,
+        evaluate_annotations: bool = True,
+        serialize: bool = False,
+        delays: Mapping[tuple[str, int], float] | None = None,
+        snapshot_plan: Mapping[int, list[Snapshot]] | None = None,
+    ) -> None:
+        self.device = device
+        self.on_gpu = device.startswith("cuda")
+        self.evaluate_annotations = evaluate_annotations
+        self.serialize = serialize
+        self.delays = dict(delays or {})
+        self.snapshot_plan = snapshot_plan
+        self.record = RunRecord(Trace())
+        self.paused = 0
+        self._stream_names: dict[int, str] = {0: "default"}
+        self._seen_streams: set[str] = set()
+        self._device_index = 0
+        if self.on_gpu:
+            import torch
+
+            self._device_index = torch.cuda.current_device()
+        self._event_names: dict[int, str] = {}
+        self._events = 0
+        self._launches_on: dict[str, int] = {}
+        self._keys: dict[tuple[int, int], int] = {}
+        self._epochs: dict[int, int] = {}
+        self._alloc_stream: dict[int, str] = {}
+        self._given_names: dict[int, str] = {}
+        self._recorded_streams: set[int] = set()
+        self._keep: list[Any] = []
+        self._warned: set[str] = set()
+        from racefuzz.trace.env import VirtualStream
+
+        self.virtual_current = VirtualStream(self, "default")
+
+    # --- names -------------------------------------------------------------------------------------
+
+    def name_stream(self, handle: int, name: str) -> None:
+        self._stream_names[handle] = name
+
+    def _stream(self, name: str) -> str:
+        if name not in self._seen_streams:
+            self._seen_streams.add(name)
+            self.record.trace.streams.append(name)
+        return name
+
+    def current_stream(self) -> str:
+        if self.on_gpu:
+            import torch
+
+            handle = torch._C._cuda_getCurrentRawStream(self._device_index)
+            name = self._stream_names.get(handle)
+            if name is not None and name in self._seen_streams:
+                return name
+            return self._stream(self.stream_name(handle))
+        return self._stream(self.virtual_current.name)
+
+    def stream_name(self, handle: int) -> str:
+        if handle not in self._stream_names:
+            self._stream_names[handle] = f"stream#{len(self._stream_names)}"
+        return self._stream_names[handle]
+
+    def event_name(self, handle: int) -> str:
+        if handle not in self._event_names:
+            self._event_names[handle] = self.new_event_name()
+        return self._event_names[handle]
+
+    def new_event_name(self) -> str:
+        self._events += 1
+        return f"event#{self._events}"
+
+    def name_storage(self, tensor: Any, name: str) -> None:
+        self._given_names[tensor.untyped_storage().data_ptr()] = name
+        self._storage(tensor, name)
+
+    # --- storages ----------------------------------------------------------------------------------
+
+    def _storage(self, tensor: Any, origin: str) -> int:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        epoch = self._epochs.get(ptr, 0)
+        key = self._keys.get((ptr, epoch))
+        if key is None:
+            key = len(self._keys)
+            self._keys[(ptr, epoch)] = key
+            name = self._given_names.get(ptr) or f"tmp{key} ({origin})"
+            row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else 0
+            self.record.trace.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes)
+            if not self.on_gpu:
+                self._keep.append(storage)  # a CPU address must not be reused within the run
+        elif self._given_names.get(ptr) and self.record.trace.storages[key].name != self._given_names[ptr]:
+            old = self.record.trace.storages[key]
+            self.record.trace.storages[key] = Storage(
+                key, self._given_names[ptr], old.nbytes, old.itemsize, old.row_bytes
+            )
+        return key
+
+    def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+        by_storage: dict[int, list[Interval]] = {}
+        for tensor in tensors:
+            key = self._storage(tensor, origin)
+            size = tensor.element_size()
+            if tensor.is_contiguous():
+                start = tensor.storage_offset() * size
+                intervals = [(start, start + tensor.numel() * size)] if tensor.numel() else []
+            else:
+                intervals, _ = view_intervals(tensor.storage_offset(), tensor.shape, tensor.stride(), size)
+            by_storage.setdefault(key, []).extend(intervals)
+        return tuple(Access(key, tuple(merge(iv))) for key, iv in by_storage.items() if iv)
+
+    # --- launches ----------------------------------------------------------------------------------
+
+    def launch(
+        self,
+        kernel: str,
+        kind: str,
+        call: Callable[[], Any],
+        reads: list[Any],
+        writes: list[tuple[object, Any]],
+        *,
+        outputs: Callable[[Any], list[tuple[object, Any]]] | None = None,
+        assumed: bool = False,
+    ) -> Any:
+        """Record one launch, apply its delay, run `call`, take its snapshots; return what `call` returned.
+
+        `writes` pairs each written view with its slot (how the same tensor is found in another run's
+        launch: an argument name or position); `outputs(result)` gives the fresh tensors the call returned,
+        written too, with their slots.
+        """
+        stream = self.current_stream()
+        record = self.record
+        nth = self._launches_on.get(stream, 0)
+        self._launches_on[stream] = nth + 1
+        spin = self.delays.get((stream, nth))
+        if spin:
+            self._spin(spin)
+            record.delays_applied.append((stream, nth, spin))
+        source = user_source(3)
+        result = call()
+        if outputs is not None:
+            writes = writes + outputs(result)
+        ordinal = len(record.launch_ops)
+        op = TraceLaunch(
+            len(record.trace.ops),
+            stream,
+            kernel,
+            kind,
+            self._accesses(reads, kernel),
+            self._accesses([view for _, view in writes], kernel),
+            source,
+            assumed,
+        )
+        record.trace.ops.append(op)
+        record.launch_ops.append(op.index)
+        self._after(ordinal, writes)
+        return result
+
+    def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
+        self.paused += 1
+        try:
+            if self.snapshot_plan is None:
+                plan_here = self._plan_from(writes)
+            else:
+                plan_here = [Snapshot(s.slot, s.lo, s.hi, s.intervals) for s in self.snapshot_plan.get(ordinal, ())]
+            if plan_here:
+                slots = dict(writes)
+                taken = []
+                for snap in plan_here:
+                    tensor = slots.get(snap.slot)
+                    if tensor is not None and tensor.untyped_storage().nbytes() >= snap.hi:
+                        snap.data = _storage_bytes(tensor, snap.lo, snap.hi)
+                        taken.append(snap)
+                self.record.snapshots[ordinal] = taken
+            if self.serialize and self.on_gpu:
+                import torch
+
+                torch.cuda.synchronize()
+        finally:
+            self.paused -= 1
+
+    def _plan_from(self, writes: list[tuple[object, Any]]) -> list[Snapshot]:
+        by_slot: dict[object, list[Interval]] = {}
+        tensors: dict[object, Any] = {}
+        for slot, view in writes:
+            intervals, _ = view_intervals(view.storage_offset(), view.shape, view.stride(), view.element_size())
+            by_slot.setdefault(slot, []).extend(intervals)
+            tensors[slot] = view
+        plan = []
+        for slot, intervals in by_slot.items():
+            merged = merge(intervals)
+            if merged:
+                plan.append(Snapshot(slot, merged[0][0], merged[-1][1], tuple(merged)))
+        return plan
+
+    def _spin(self, us: float) -> None:
+        if not self.on_gpu:
+            return  # a CPU run executes eagerly: a delay changes nothing, it is only recorded
+        import torch
+
+        self.paused += 1
+        try:
+            torch.cuda._sleep(int(us * SPIN_CYCLES_PER_US))
+        finally:
+            self.paused -= 1
+
+    def assumed(self, kernel: str) -> None:
+        if kernel not in self.record.trace.assumed_kernels:
+            self.record.trace.assumed_kernels.append(kernel)
+
+    # --- stream and event operations, syncs, allocations ----------------------------------------------
+
+    def on_record(self, event: str, stream: str) -> None:
+        if not self.paused:
+            ops = self.record.trace.ops
+            ops.append(TraceRecord(len(ops), event, self._stream(stream)))
+
+    def on_wait(self, event: str, stream: str) -> None:
+        if not self.paused:
+            ops = self.record.trace.ops
+            ops.append(TraceWait(len(ops), self._stream(stream), event))
+
+    def on_stream_sync(self, stream: str) -> None:
+        if not self.paused:
+            ops = self.record.trace.ops
+            ops.append(TraceStreamSync(len(ops), self._stream(stream)))
+
+    def on_event_sync(self, event: str) -> None:
+        if not self.paused:
+            ops = self.record.trace.ops
+            ops.append(TraceEventSync(len(ops), event))
+
+    def on_device_sync(self) -> None:
+        if not self.paused:
+            ops = self.record.trace.ops
+            ops.append(TraceDeviceSync(len(ops)))
+
+    def on_alloc(self, ptr: int) -> None:
+        if self.paused:
+            return
+        self._epochs[ptr] = self._epochs.get(ptr, 0) + 1
+        self._alloc_stream[ptr] = self.current_stream()
+
+    def on_free(self, ptr: int) -> None:
+        """The caching allocator's free (see the module doc): a write of the whole block on its stream."""
+        if self.paused:
+            return
+        key = self._keys.get((ptr, self._epochs.get(ptr, 0)))
+        stream = self._alloc_stream.get(ptr)
+        if key is None or stream is None or ptr in self._recorded_streams:
+            return
+        storage = self.record.trace.storages[key]
+        ops = self.record.trace.ops
+        ops.append(
+            TraceLaunch(
+                len(ops),
+                stream,
+                f"free({storage.name})",
+                "free",
+                (),
+                (Access(key, ((0, storage.nbytes),)),),
+                user_source(2),
+            )
+        )
+
+    def on_record_stream(self, tensor: Any) -> None:
+        """`tensor.record_stream(s)` defers the block's reuse: its free is then not modelled (see docs/trace.md)."""
+        self._recorded_streams.add(tensor.untyped_storage().data_ptr())
+
+    def host_access(self, kernel: str, reads: list[Any], writes: list[Any]) -> None:
+        """The host read or wrote pinned memory itself (an op on CPU tensors of a GPU run)."""
+        ops = self.record.trace.ops
+        ops.append(
+            TraceLaunch(
+                len(ops),
+                HOST,
+                kernel,
+                "host",
+                self._accesses(reads, kernel),
+                self._accesses(writes, kernel),
+                user_source(3),
+            )
+        )
+
+    def finish(self, outputs: Mapping[str, Any]) -> RunRecord:
+        """Move the snapshots to the host and attach the step's outputs."""
+        self.paused += 1
+        try:
+            if self.on_gpu:
+                import torch
+
+                torch.cuda.synchronize()
+            for snaps in self.record.snapshots.values():
+                for snap in snaps:
+                    snap.data = snap.data.cpu()
+            self.record.outputs = {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in outputs.items()}
+        finally:
+            self.paused -= 1
+        return self.record
+
+    def kernel_launch(self, kernel: str, kind: str, bound: Mapping[str, Any], call: Callable[[], Any]) -> Any:
+        """A launch with named arguments (Triton, CuPy): sets from the kernel's annotation, else the default."""
+        import torch
+
+        tensors = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
+        spec = annotation(kernel)
+        if spec is None:
+            self.assumed(kernel)
+            return self.launch(kernel, kind, call, list(tensors.values()), list(tensors.items()), assumed=True)
+        if not self.evaluate_annotations:
+            # A fuzzed run: the sets are the reference run's; only the slots to snapshot are needed here.
+            return self.launch(
+                kernel, kind, call, [], [(name, tensors[name]) for name in spec.writes if name in tensors]
+            )
+        self.paused += 1
+        try:
+            reads = [view for name, how in spec.reads.items() for view in _regions(bound, name, how)]
+            writes = [(name, view) for name, how in spec.writes.items() for view in _regions(bound, name, how)]
+        finally:
+            self.paused -= 1
+        return self.launch(kernel, kind, call, reads, writes)
+
+
+def _regions(bound: Mapping[str, Any], name: str, how: object) -> list[Any]:
+    if bound.get(name) is None:
+        return []
+    if how == WHOLE:
+        return [bound[name]]
+    return list(how(bound))  # type: ignore[operator]
+
+
+def _storage_bytes(tensor: Any, lo: int, hi: int) -> Any:
+    """A copy of bytes [lo, hi) of `tensor`'s storage, enqueued on the current stream."""
+    import torch
+
+    flat = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    flat.set_(tensor.untyped_storage(), 0, (tensor.untyped_storage().nbytes(),), (1,))
+    return flat[lo:hi].clone()

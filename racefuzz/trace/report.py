@@ -1,0 +1,79 @@
+"""A traced step's report and replay file.
+
+The report opens with the same kind of greppable header as `racefuzz run`'s (`==== racefuzz trace: ...
+====`), then every happens-before race (both launches with kernel, stream and the Python line that
+launched each, the bytes as elements, the missing edge in words), the kernels whose sets were assumed,
+and the value oracle's verdict with its shrunk delay points and the command that replays them.
+
+The replay file (JSON, format `racefuzz-trace-replay`) names the step as `module:function`, the device,
+the watched tensors and the delay points; `racefuzz trace --replay FILE` re-runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from racefuzz.trace.search import DelayPoint, TraceResult
+
+FORMAT = "racefuzz-trace-replay"
+FORMAT_VERSION = 1
+MAX_RACES_SHOWN = 8
+
+
+def render(result: TraceResult, replay_path: Path | None = None) -> str:
+    races = result.races
+    verdict = "RACE" if result.racy else "no race"
+    lines = [f"==== racefuzz trace: {verdict} in {result.step} ({result.device}) ===="]
+    launches = len(result.reference.launch_ops)
+    lines.append(f"recorded {launches} launches on streams {', '.join(result.reference.trace.streams)}")
+    if result.reference.trace.assumed_kernels:
+        lines.append(
+            "read/write sets assumed (every tensor argument read and written over its view; annotate them with "
+            "racefuzz.trace.annotate): " + ", ".join(result.reference.trace.assumed_kernels)
+        )
+    lines.append(f"happens-before: {len(races)} unordered conflicting pair(s)")
+    for race in races[:MAX_RACES_SHOWN]:
+        lines.append(race.explain())
+    if len(races) > MAX_RACES_SHOWN:
+        lines.append(f"... and {len(races) - MAX_RACES_SHOWN} more")
+    if not result.searched:
+        lines.append("value oracle: not run on the CPU (it executes eagerly: a delay cannot reorder anything there)")
+    elif result.divergence is None:
+        lines.append(f"value oracle: no divergence from the serialized run in {result.examples} fuzzed run(s)")
+    else:
+        lines.append(f"value oracle: {result.divergence}")
+        lines.append("  delays: " + ", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays))
+        lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s)")
+        if replay_path is not None:
+            lines.append(f"  replay: racefuzz trace --replay {replay_path}")
+    return "\n".join(lines)
+
+
+def replay_json(result: TraceResult, watch: tuple[str, ...] = ()) -> dict[str, object]:
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": result.step,
+        "device": result.device,
+        "watch": list(watch),
+        "delays": [{"stream": s, "launch": n, "us": us} for s, n, us in result.delays],
+    }
+
+
+def write_replay(result: TraceResult, directory: str | os.PathLike[str], watch: tuple[str, ...] = ()) -> Path:
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / f"trace-{result.step.replace(':', '.').replace('<', '').replace('>', '')}.json"
+    target.write_text(json.dumps(replay_json(result, watch), indent=2) + "\n")
+    return target
+
+
+def load_replay(path: str | os.PathLike[str]) -> tuple[str, str, tuple[str, ...], list[DelayPoint]]:
+    """(step spec, device, watch, delays) of a replay file; ValueError if it is not one."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a racefuzz trace replay file")
+    delays = [(str(d["stream"]), int(d["launch"]), float(d["us"])) for d in data["delays"]]
+    return str(data["step"]), str(data["device"]), tuple(data.get("watch", ())), delays

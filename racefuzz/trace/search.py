@@ -1,0 +1,242 @@
+"""Fuzzing a traced step: record the serialized reference run, judge it with happens-before, then search
+delay points with Hypothesis for a run whose values differ, shrink it, and confirm it k times of k.
+
+A delay point is (stream, n-th launch on that stream, microseconds): a spin enqueued on that stream just
+before that launch. Points are drawn among the reference run's launches; Hypothesis shrinks a failing
+list of points to fewer and earlier ones. On the CPU the step executes eagerly and a delay changes
+nothing, so there the verdict is the happens-before one alone (the search is skipped and says so).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from racefuzz.trace.convert import TraceRace, find_trace_races
+from racefuzz.trace.model import HOST, TraceLaunch
+from racefuzz.trace.oracle import Divergence, compare
+from racefuzz.trace.recorder import Recorder, RunRecord
+
+Step = Callable[[Any], Mapping[str, Any] | None]
+"""A step: takes a `TraceEnv`, runs real code, returns the tensors the value oracle compares (or None)."""
+
+DelayPoint = tuple[str, int, float]
+"""(stream, n-th launch on it (0-based), microseconds of spin before it)."""
+
+DELAYS_US = (20.0, 200.0, 1000.0)
+
+
+@dataclass
+class TraceResult:
+    """What fuzzing one step found.
+
+    Args:
+        step: `module:function` (or the function's qualified name when not importable by that).
+        device: `cuda` or `cpu`.
+        reference: the serialized reference run.
+        races: the happens-before races of the reference trace.
+        divergence: the value oracle's finding under `delays`, or None.
+        delays: the shrunk delay points that made it manifest.
+        confirmed: how many of `confirm_runs` re-runs of `delays` manifested.
+        examples: fuzzed runs made; seconds: the search's wall time.
+    """
+
+    step: str
+    device: str
+    reference: RunRecord
+    races: list[TraceRace]
+    divergence: Divergence | None = None
+    delays: list[DelayPoint] = field(default_factory=list)
+    confirmed: int = 0
+    confirm_runs: int = 0
+    examples: int = 0
+    seconds: float = 0.0
+    searched: bool = True
+
+    @property
+    def racy(self) -> bool:
+        return bool(self.races) or self.divergence is not None
+
+
+def step_name(step: Step) -> str:
+    module, name = getattr(step, "__module__", None), getattr(step, "__qualname__", repr(step))
+    return f"{module}:{name}" if module else name
+
+
+def load_step(spec: str) -> Step:
+    """`package.module:function` -> the function."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"expected module:function, got {spec!r}")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"{spec} is not callable")
+    return target
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
+    """Run `step` once under a fresh recorder (see `Recorder` for the options)."""
+    from racefuzz.trace.capture import recording
+    from racefuzz.trace.env import TraceEnv
+
+    recorder = Recorder(device, **recorder_options)
+    env = TraceEnv(recorder, device)
+    with recording(recorder):
+        outputs = step(env) or {}
+    return recorder.finish(outputs)
+
+
+def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
+    """(stream, n) of every device launch of the reference run, in host order: where delays may go."""
+    points, counts = [], {}
+    for op in reference.trace.ops:
+        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind != "free":
+            n = counts.get(op.stream, 0)
+            counts[op.stream] = n + 1
+            points.append((op.stream, n))
+    return points
+
+
+def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | None:
+    """The launches that read or write a storage named in `watch` (None: no filter)."""
+    if not watch:
+        return None
+    keys = {key for key, storage in reference.trace.storages.items() if storage.name in watch}
+    ops = reference.trace.ops
+    chosen = set()
+    for ordinal, index in enumerate(reference.launch_ops):
+        launch = ops[index]
+        if isinstance(launch, TraceLaunch) and any(a.storage in keys for a in (*launch.reads, *launch.writes)):
+            chosen.add(ordinal)
+    return chosen
+
+
+def run_with_delays(
+    step: Step, device: str, reference: RunRecord, delays: Sequence[DelayPoint]
+) -> RunRecord | BaseException:
+    """A fuzzed run of `step` with `delays`, snapshotting what the reference run snapshotted; an exception
+    the step raised is returned (a manifestation)."""
+    try:
+        return run_once(
+            step,
+            device,
+            evaluate_annotations=False,
+            delays={(s, n): us for s, n, us in delays},
+            snapshot_plan=reference.snapshots,
+        )
+    except Exception as exc:  # the user's code failed under a schedule: reported, not raised
+        return exc
+
+
+def judge_run(reference: RunRecord, run: RunRecord | BaseException, ordinals: set[int] | None) -> Divergence | None:
+    if isinstance(run, BaseException):
+        return Divergence("exception", None, f"the step raised {type(run).__name__}: {run}")
+    return compare(reference, run, ordinals)
+
+
+def search_delays(
+    points: Sequence[tuple[str, int]],
+    attempt: Callable[[list[DelayPoint]], Divergence | None],
+    *,
+    examples: int,
+    max_delays: int,
+    delays_us: Sequence[float] = DELAYS_US,
+    seed: int | None = None,
+) -> tuple[list[DelayPoint], Divergence | None, int]:
+    """Hypothesis over lists of delay points; returns (shrunk delays, their divergence, examples run)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    if not points:
+        return [], None, 0
+    ran = 0
+    failures: list[tuple[list[DelayPoint], Divergence]] = []
+
+    class _Manifested(Exception):
+        pass
+
+    draw = st.lists(
+        st.tuples(st.integers(0, len(points) - 1), st.sampled_from(list(delays_us))),
+        max_size=max_delays,
+        unique_by=lambda point: point[0],
+    )
+
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        derandomize=seed is None,
+    )
+    @given(draw)
+    def example(chosen: list[tuple[int, float]]) -> None:
+        nonlocal ran
+        ran += 1
+        delays = [(points[i][0], points[i][1], us) for i, us in sorted(chosen)]
+        divergence = attempt(delays)
+        if divergence is not None:
+            failures.append((delays, divergence))
+            raise _Manifested
+
+    if seed is not None:
+        example = hypothesis_seed(seed)(example)
+    try:
+        example()
+    except _Manifested:
+        delays, divergence = failures[-1]
+        return delays, divergence, ran
+    return [], None, ran
+
+
+def fuzz(
+    step: Step,
+    *,
+    device: str = "auto",
+    watch: Sequence[str] = (),
+    examples: int = 200,
+    max_delays: int = 2,
+    confirm: int = 3,
+    seed: int | None = None,
+    delays_us: Sequence[float] = DELAYS_US,
+) -> TraceResult:
+    """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it."""
+    device = resolve_device(device)
+    reference = run_once(step, device, serialize=True)
+    races = find_trace_races(reference.trace)
+    result = TraceResult(step_name(step), device, reference, races)
+    if device == "cpu":
+        result.searched = False
+        return result
+    ordinals = watched_ordinals(reference, watch)
+
+    def attempt(delays: list[DelayPoint]) -> Divergence | None:
+        return judge_run(reference, run_with_delays(step, device, reference, delays), ordinals)
+
+    started = time.perf_counter()
+    delays, divergence, ran = search_delays(
+        launch_points(reference), attempt, examples=examples, max_delays=max_delays, delays_us=delays_us, seed=seed
+    )
+    result.seconds = time.perf_counter() - started
+    result.examples = ran
+    if divergence is not None:
+        result.delays, result.divergence = delays, divergence
+        result.confirm_runs = confirm
+        result.confirmed = sum(attempt(delays) is not None for _ in range(confirm))
+    return result
