@@ -193,6 +193,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
     start = time.perf_counter()
     workload, schedule = c.workload, c.schedule
     reproduced: bool | None = None
+    replayed_once: bool | None = None
     if backend != "sim":
         timed = c.oracle == "corruption"
         workload, schedule = minimize(
@@ -209,6 +210,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
             reproduced = reproduces(judge(workload, design, schedule, run), run, settings["repeat"])
             if not reproduced:
                 workload, schedule = c.workload, c.schedule
+            replayed_once = bool(judge(workload, design, schedule, run).corruptions)  # one fresh run: 1/1?
         seconds = time.perf_counter() - start
     else:
         seconds = result.seconds - (result.first_detection_seconds or 0.0)
@@ -220,6 +222,7 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
         "nonzero_delays": schedule.nonzero_delays,
         "shrink_seconds": _round(seconds, 3),
         "minimized_reproduced_k_of_k": reproduced,
+        "replayed_1_of_1": replayed_once,
         "race": None
         if race is None
         else f"{race.kind} {race.first.kernel} ({race.first.stream}) -> {race.second.kernel} ({race.second.stream})",
@@ -228,13 +231,17 @@ def _shrunk(result: SearchResult, design, run: Executor, backend: str, settings:
     }
 
 
-def _bench_mutant(name: str, run: Executor, backend: str, settings: dict[str, int]) -> dict[str, Any]:
+def _bench_mutant(
+    name: str, run: Executor, backend: str, settings: dict[str, int], main_strategy: str = "random"
+) -> dict[str, Any]:
     mutant = MUTANTS[name]
     design = load_design(name)
     hazards = tuple(getattr(mutant, "hazards", ALL_HAZARDS))
     plan_stream = getattr(mutant, "plan_stream", None)
     common = {"hazards": hazards, "plan_stream": plan_stream, "repeat": settings["repeat"], "backend": backend}
-    main = search(design, run, examples=settings["examples"], seed=0, shrink=backend == "sim", **common)
+    main = search(
+        design, run, examples=settings["examples"], seed=0, shrink=backend == "sim", strategy=main_strategy, **common
+    )
     row: dict[str, Any] = {
         "name": name,
         "description": design.description,
@@ -249,7 +256,7 @@ def _bench_mutant(name: str, run: Executor, backend: str, settings: dict[str, in
     for strategy in STRATEGIES:
         runs = []
         for seed in range(settings["seeds"]):
-            if strategy == "random" and seed == 0:
+            if strategy == main_strategy and seed == 0:
                 runs.append(_detection(main))  # the main run is this one (shrinking starts after detection)
                 continue
             result = search(
@@ -317,6 +324,7 @@ def run(
     settings: dict[str, int] | None = None,
     csan: bool = True,
     progress: Callable[[str], None] | None = None,
+    strategy: str = "random",
 ) -> dict[str, Any]:
     """Benchmark every mutant (or `names`) on `backend` (`sim` or `cuda`); see the module docstring.
 
@@ -334,7 +342,7 @@ def run(
     rows = []
     for name in names or list(MUTANTS):
         started = time.perf_counter()
-        rows.append(_bench_mutant(name, run_program, backend, chosen))
+        rows.append(_bench_mutant(name, run_program, backend, chosen, strategy))
         say(f"{name}: caught={rows[-1]['caught']} oracle={rows[-1]['oracle']} ({time.perf_counter() - started:.1f} s)")
     started = time.perf_counter()
     false_alarms = _false_alarms(run_program, backend, chosen)
@@ -353,6 +361,7 @@ def run(
         "benchmark": "mutants",
         "backend": backend,
         "command": f"PYTHONPATH=. python3 -m racefuzz.cli bench mutants --backend {backend} --json PATH",
+        "strategy": strategy,
         "environment": environment,
         "settings": chosen,
         "mutants": rows,
