@@ -137,3 +137,30 @@ def test_17850_chunked_row_recycling_races_without_a_barrier() -> None:
 def test_the_17850_mutant_is_equivalent_on_its_base(workload: Workload) -> None:
     # Its `equivalent` argument, checked: no workload of its hazards makes it race.
     assert find_races(build_program(workload, load_design("mutant-17850-chunked-row-recycled").hooks)) == []
+
+
+def test_29352_swa_recovery_races_the_in_graph_translate_only_on_the_fast_path() -> None:
+    swa = Workload(
+        requests=(RequestSpec(0, 6, 64, (1, 1, 1), swa_recovery=True),),
+        iterations=4,
+        block_size=2,
+        swa_window=4,
+        replay_reads=True,
+    )
+    found = races(swa, "mutant-29352-swa-fast-path")
+    assert found == {("WAR", "verify_forward", "swa_recovery_clear")}, "the replay's translate, after read_done"
+    assert races(swa, "global-war") == set(), "the coarse barrier (#29353)"
+    assert races(swa, "read-done-post-replay") == set()
+    assert races(replace(swa, replay_reads=False), "mutant-29352-swa-fast-path") == set(), "load_batch only: fenced"
+    assert ("WAR", "verify_page_table", "swa_recovery_clear") in races(swa, "none"), "pre-#26380: no barrier"
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=("swa-mapping", "replay-reads", "plan-stream")))
+def test_the_swa_table_is_written_with_req_to_token_on_the_same_stream(workload: Workload) -> None:
+    program = build_program(workload, load_design("global-war").hooks)
+    assert find_races(program) == []
+    for op in program.launches:
+        tables = {cells.buffer.name for cells in op.writes}
+        if "req_to_token" in tables:
+            assert tables == {"req_to_token", "full_to_swa_index_mapping"}, op.describe()

@@ -53,6 +53,9 @@ PLAN_STREAM = "plan_stream"
 D2H_STREAM = "fwd_prepare_d2h_stream"
 COPY_STREAM = "copy_stream"
 TABLE = "req_to_token"
+SWA_TABLE = "full_to_swa_index_mapping"
+SWA_SLOT_BASE = 1 << 20
+"""SWA slot ids are the full slot's id plus this: unique, and never equal to a full slot id."""
 
 
 @dataclass
@@ -197,6 +200,10 @@ class OverlapLoop:
         if workload.cpu_seq_lens:
             self.d2h = d.stream(D2H_STREAM)
             self.seq_lens_cpu = d.buffer("seq_lens_cpu", 1, 1)  # the pinned mirror only the D2H stream writes
+        # The SWA table, indexed here by token position (the full slot at R[row, col] maps to swa[row, col]).
+        self.swa: Buffer | None = (
+            d.buffer(SWA_TABLE, workload.rows + 1, workload.max_context, fill=0) if workload.swa_window else None
+        )
         self.free_rows: deque[int] = deque(range(1, workload.rows + 1))
         self.used_rows: set[int] = set()
         self.waiting: deque[int] = deque()
@@ -210,6 +217,20 @@ class OverlapLoop:
         first = self.next_slot
         self.next_slot += n
         return np.arange(first, first + n, dtype=np.int32)
+
+    def _with_swa(self, writes: list[tuple[CellRange, np.ndarray]]) -> list[tuple[CellRange, np.ndarray]]:
+        """`writes` of req_to_token plus, with the SWA table, the mapping of each new full slot to a fresh SWA
+        slot (the SWA allocator's `full_to_swa_index_mapping[full] = swa`, in the same launch and stream)."""
+        if self.swa is None:
+            return writes
+        mapped = [(self.swa[cells.row0, cells.col0 : cells.col1], slots + SWA_SLOT_BASE) for cells, slots in writes]
+        return writes + mapped
+
+    def _swa_window(self, r: _Request, length: int) -> list[CellRange]:
+        """The mapping entries a translate of `r`'s sliding window `[length - W, length)` loads."""
+        if self.swa is None or length == 0:
+            return []
+        return [self.swa[r.row, max(0, length - self.workload.swa_window) : length]]
 
     def _info(self, requests: list[_Request], **extra: object) -> dict[str, object]:
         return {"iteration": self.ctx.iteration, "requests": [r.rid for r in requests], **extra}
@@ -270,7 +291,9 @@ class OverlapLoop:
         if chunked:
             starts = [0 if recycle else r.chunk_start for r in chunked]
             writes = [(table[r.row, a : r.done], self._slots(r.done - a)) for r, a in zip(chunked, starts, strict=True)]
-            s.launch("stash_rewrite", writes=writes, info=self._info(chunked, site="stash_chunked_request"))
+            s.launch(
+                "stash_rewrite", writes=self._with_swa(writes), info=self._info(chunked, site="stash_chunked_request")
+            )
             batch.extend(chunked)
         recycled: list[int] = []
         while self.waiting and self.free_rows:
@@ -296,7 +319,9 @@ class OverlapLoop:
             writes.append((table[r.row, r.done : r.done + n], self._slots(n)))
             r.done += n
         rows = [r.row for r in batch]
-        s.launch("prefill_write", writes=writes, info=self._info(batch, rows=rows, recycled_rows=recycled))
+        s.launch(
+            "prefill_write", writes=self._with_swa(writes), info=self._info(batch, rows=rows, recycled_rows=recycled)
+        )
         return batch
 
     def decode_batch(self) -> list[_Request] | None:
@@ -326,6 +351,14 @@ class OverlapLoop:
             last = [self.table[r.row, r.cur_alloc - 1 : r.cur_alloc] for r, _ in growth if r.cur_alloc > 0]
             if last:
                 stream.launch("get_last_loc", reads=last, info=self._info([r for r, _ in growth], site=stream.name))
+        recovered = [r for r in batch if r.spec.swa_recovery and r.steps == 1 and self.swa is not None]
+        if recovered:
+            # Locked-full SWA recovery (#29352): the SWA allocator takes back a running request's window
+            # slots, clearing their full_to_swa entries, while the in-flight forward may still translate them.
+            clears = [
+                (self.swa[r.row, max(0, r.committed_host - w.swa_window) : r.committed_host], 0) for r in recovered
+            ]
+            stream.launch("swa_recovery_clear", writes=clears, info=self._info(recovered, site=stream.name))
         writes = []
         grown = []
         for r, reserved in growth:
@@ -333,7 +366,7 @@ class OverlapLoop:
             grown.append(r)
             r.cur_alloc = reserved
         if writes:
-            stream.launch("overalloc_write", writes=writes, info=self._info(grown, site=stream.name))
+            stream.launch("overalloc_write", writes=self._with_swa(writes), info=self._info(grown, site=stream.name))
         if ctx.plan_stream is not None:
             hooks.plan_exit(ctx)
         return batch
@@ -372,16 +405,18 @@ class OverlapLoop:
             f.launch("draft_metadata", reads=page_table, unused_reads=masked, info=info)
             f.launch("draft_forward", writes=[(self.hidden[0, 0:1], 1)], cost_us=w.forward_cost_us / 2, info=info)
             hooks.call("before_verify", ctx)
-            f.launch("verify_page_table", reads=page_table, unused_reads=masked, info=info)
+            translate = [cells for r in batch for cells in self._swa_window(r, r.gpu_prefix + B)]
+            f.launch("verify_page_table", reads=page_table + translate, unused_reads=masked, info=info)
         else:
             page_table, masked = self.page_table(batch, [r.done for r in batch])
-            f.launch("extend_page_table", reads=page_table, unused_reads=masked, info=info)
+            translate = [cells for r in batch for cells in self._swa_window(r, r.done)]
+            f.launch("extend_page_table", reads=page_table + translate, unused_reads=masked, info=info)
         hooks.call("after_reads", ctx)
         cost = w.forward_cost_us / 2 if ctx.is_decode else w.forward_cost_us
         replay_reads = ctx.is_decode and w.replay_reads  # in-graph metadata re-reads R (Workload.replay_reads)
         f.launch(
             "verify_forward" if ctx.is_decode else "extend_forward",
-            reads=page_table if replay_reads else (),
+            reads=page_table + translate if replay_reads else (),  # and trtllm_mha's per-layer SWA translate
             unused_reads=masked if replay_reads else (),
             writes=[(self.hidden[0, 1:2], 1)],
             cost_us=cost,
@@ -442,7 +477,9 @@ class OverlapLoop:
                 protected, length = batch.recache[r.rid]
                 writes.append((self.table[r.row, protected:length], self._slots(length - protected)))
             self.ctx.schedule_stream.launch(
-                "post_launch_rewrite", writes=writes, info=self._info(rewrites, site="maybe_cache_unfinished_req")
+                "post_launch_rewrite",
+                writes=self._with_swa(writes),
+                info=self._info(rewrites, site="maybe_cache_unfinished_req"),
             )
 
 

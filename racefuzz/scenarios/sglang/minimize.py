@@ -20,6 +20,8 @@ def _simpler_requests(r: RequestSpec) -> Iterator[RequestSpec]:
         yield replace(r, accepts=r.accepts[:-1])
     if any(a > 1 for a in r.accepts):
         yield replace(r, accepts=tuple(1 for _ in r.accepts))
+    if r.swa_recovery:
+        yield replace(r, swa_recovery=False)
     for step in r.rewrite_at:
         yield replace(r, rewrite_at=tuple(s for s in r.rewrite_at if s != step))
     if r.prompt_len > 1:

@@ -257,6 +257,29 @@ class ReadDoneBeforeReplay:
         apply_war_barrier(ctx)
 
 
+class SwaRecoveryFastPath:
+    """Base `global-war` with #29353's forced coarse barrier (clean under the SWA and replay hazards)."""
+
+    name = "mutant-29352-swa-fast-path"
+    description = (
+        "The loop-top barrier takes the read-done fast path (`read_done` recorded after `load_batch`, #29541) "
+        "while trtllm_mha translates the SWA window again inside the graph replay, so the locked-full SWA "
+        "recovery's clear of a running request's full_to_swa entries lands before the in-flight forward's "
+        "in-graph translate (#29352; #29353's SGLANG_FORCE_COARSE_WAR_BARRIER is the base)."
+    )
+    base = "global-war"
+    hazards: tuple[str, ...] = ("swa-mapping", "replay-reads")
+    plan_stream: bool | None = None
+    equivalent: str | None = None
+
+    def after_reads(self, ctx) -> None:
+        if ctx.is_decode:
+            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
+
+    def loop_top(self, ctx) -> None:
+        apply_war_barrier(ctx)
+
+
 class ChunkedRowRecycled(_WarAfterLaunch):
     name = "mutant-17850-chunked-row-recycled"
     description = (
@@ -292,6 +315,7 @@ MUTANTS: dict[str, object] = {
         LoopTopBarrier(),
         PlanOverwritesDraftReads(),
         ReadDoneBeforeReplay(),
+        SwaRecoveryFastPath(),
         ChunkedRowRecycled(),
     )
 }

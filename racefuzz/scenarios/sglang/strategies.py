@@ -43,12 +43,15 @@ OPT_IN_HAZARDS = ("paged-get-last-loc",)
 """Hazards a search draws only when asked for by name (not part of the default `HAZARDS`)."""
 ALL_HAZARDS = HAZARDS + OPT_IN_HAZARDS
 """The hazards `war-after-launch` (#31687) fences: what the mutants' base is clean under."""
-LATER_HAZARDS = ("replay-reads",)
+LATER_HAZARDS = ("replay-reads", "swa-mapping")
 """Opt-in hazards of sglang's later code that `war-after-launch` does not fence (outside `ALL_HAZARDS`):
 
     replay-reads  the verify runs as a CUDA graph whose replay re-reads req_to_token (trtllm_mha's
                   in-graph metadata, #31686; breakable-graph verify, #30261): a `read_done` recorded
                   before the replay no longer follows every read (`read-done-post-replay` is the fix)
+    swa-mapping   a second shared table, `full_to_swa_index_mapping` (window 2B), written with every
+                  allocation and rewrite and cleared by the locked-full recovery (#29352), translated by
+                  the forward; with replay-reads also inside the graph replay
 """
 
 MAX_BLOCK_SIZE = 4
@@ -82,6 +85,7 @@ def decode_workload(
     block_size = 1 + data[0] % MAX_BLOCK_SIZE
     chunked = "chunked-stash" in hazards
     rewrites = "post-launch-rewrite" in hazards
+    swa = "swa-mapping" in hazards
     requests = []
     for at in range(_HEADER, len(data) - _REQUEST + 1, _REQUEST):
         arrival, prompt, chunk, steps, lo, hi, mask = data[at : at + _REQUEST]
@@ -94,6 +98,7 @@ def decode_workload(
                 chunk=1 + chunk % MAX_PROMPT if chunked else 64,
                 accepts=tuple(1 + (pattern >> (2 * i)) % block_size for i in range(steps)),
                 rewrite_at=(0,) if rewrites and mask & 1 else (),
+                swa_recovery=swa and bool(mask & 2),
             )
         )
     if not requests:
@@ -117,6 +122,7 @@ def decode_workload(
         page_size=page_size,
         read_extent=read_extent,
         replay_reads="replay-reads" in hazards,
+        swa_window=2 * block_size if swa else 0,
     )
 
 

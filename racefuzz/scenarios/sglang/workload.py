@@ -62,6 +62,9 @@ class RequestSpec:
         accepts: the DFLASH accept length of each of its decode forwards, each in [1, block_size]; it
             finishes after the last one (and is still in the next, over-scheduled forward). Empty: it
             finishes at its prefill (max_new_tokens=1), still over-scheduled in the next decode forward.
+        swa_recovery: with the SWA table (`Workload.swa_window`), the locked-full SWA recovery takes back
+            this request's window slots once, in the decode prep of its second decode step, clearing their
+            `full_to_swa_index_mapping` entries (#29352/#29353: "cache-ownership lifetime race").
         rewrite_at: non-empty (conventionally `(0,)`, result 0 being its prefill result): processing its
             prefill result re-caches it (`maybe_cache_unfinished_req`, batch_result_processor.py:242 at
             `6582fc1e5`), rewriting `R[row, cache_protected_len:prompt_len]` with new slot ids (radix
@@ -75,6 +78,7 @@ class RequestSpec:
     chunk: int = 64
     accepts: tuple[int, ...] = (1,)
     rewrite_at: tuple[int, ...] = ()
+    swa_recovery: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,12 @@ class Workload:
             kernel loads the page table again, after `after_reads` (where `read_done` is recorded before
             the replay) -- decode_cuda_graph_runner.py:1225-1261 at `8905cbd42` records
             `read_done_post_replay` for these.
+        swa_window: above 0, the model has a second shared table, `full_to_swa_index_mapping` (SWA models),
+            with this sliding window: the allocations and rewrites of req_to_token also map each new slot
+            on the same stream, the locked-full recovery clears entries (`RequestSpec.swa_recovery`), and
+            the forward translates each row's window `[len - W, len)` in `load_batch` (its page-table
+            build; trtllm_mha per layer inside the graph replay too, with `replay_reads`). sglang:
+            docs/model/sglang-overlap-model.md section 2.4 point 3 and #26380, #29352/#29353, #31687.
         filter_batch_sync: DFLASH `filter_batch` at #29556 calls `new_indices.cpu()`
             (dflash_info_v2.py:245 at `6582fc1e5`, removed by #31468 `72c4ed1a3`): a host sync on the
             schedule stream in decode prep, which stalls the host for the whole previous forward once the
@@ -127,6 +137,7 @@ class Workload:
     read_extent: str = "exact"
     cpu_seq_lens: bool = False
     replay_reads: bool = False
+    swa_window: int = 0
     filter_batch_sync: bool = False
 
     def __post_init__(self) -> None:
@@ -147,6 +158,8 @@ class Workload:
                         raise InvalidArgument(f"workload: request {i} {name} must hold integers, got {item!r}")
         if self.read_extent not in READ_EXTENTS:
             raise InvalidArgument(f"workload: read_extent must be one of {READ_EXTENTS}, got {self.read_extent!r}")
+        if type(self.swa_window) is not int or not 0 <= self.swa_window <= 256:
+            raise InvalidArgument(f"workload: swa_window must be an int in [0, 256], got {self.swa_window!r}")
         if self.iterations < 1:
             raise InvalidArgument(f"workload: iterations must be >= 1, got {self.iterations}")
         if self.block_size < 1:
