@@ -2,8 +2,9 @@
 
 The program is random but shaped like an overlap loop: four streams, small rectangles of one table,
 events recorded and waited on, `wait_stream` snapshots, and a host sync every ~100 ops (the `copy_done`
-sync that bounds the in-flight window). Goal: >= 100,000 ops/s for each (PyTorch's CSAN spends
-~110 us per op).
+sync that bounds the in-flight window). Goals: the checker >= 500,000 ops/s (a traced program of 10^5
+launches judged in well under a second), the simulator >= 100,000 ops/s (PyTorch's CSAN spends ~110 us
+per op).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from racefuzz.hb import find_races
 from racefuzz.program import Program
 from racefuzz.sim import simulate
 
-GOAL_OPS_PER_S = 100_000
+GOAL_OPS_PER_S = {"checker": 500_000, "simulator": 100_000}
 
 
 def overlap_shaped_program(n_ops: int = 10_000, seed: int = 0) -> Program:
@@ -81,7 +82,7 @@ def run(n_ops: int = 10_000, repeats: int = 7) -> dict[str, object]:
             "seconds": [round(s, 5) for s in seconds],
             "median_s": round(median, 5),
             "ops_per_s": round(len(program.ops) / median),
-            "meets_goal": len(program.ops) / median >= GOAL_OPS_PER_S,
+            "meets_goal": len(program.ops) / median >= GOAL_OPS_PER_S[name],
         }
     return results
 
@@ -97,6 +98,6 @@ def render(results: dict[str, object]) -> str:
         verdict = "meets" if r["meets_goal"] else "MISSES"
         lines.append(
             f"{name:10s} median {r['median_s'] * 1e3:8.2f} ms  {r['ops_per_s']:>9,} ops/s  ({verdict} the goal of "
-            f"{GOAL_OPS_PER_S:,} ops/s)"
+            f"{GOAL_OPS_PER_S[name]:,} ops/s)"
         )
     return "\n".join(lines)
