@@ -43,7 +43,7 @@ PROFILES = {"racefuzz-dev": 100, "racefuzz-ci": 1000, "racefuzz-thorough": 10_00
 prefixed because Hypothesis ships a `ci` profile of its own (and projects often have `dev`)."""
 DERANDOMIZED_PROFILES = frozenset({"racefuzz-ci"})
 """The profiles whose examples are derandomized: the same on every run, so CI is reproducible."""
-FIXTURES = frozenset({"racefuzz_config", "racefuzz_backend"})
+FIXTURES = frozenset({"racefuzz_config", "racefuzz_backend", "racefuzz_trace"})
 """racefuzz's fixtures: a collected test that uses one (directly or through another fixture) makes the
 session use racefuzz."""
 CUDA_MARKER = "cuda"
@@ -290,6 +290,16 @@ def racefuzz_backend(racefuzz_config) -> str:
         return racefuzz_config.resolved_backend
     except RacefuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.fixture
+def racefuzz_trace(racefuzz_config):
+    """`racefuzz_trace.fuzz(step, watch=[...])`: fuzz a step of real torch/Triton code, fail on a race
+    (`racefuzz.trace.fixture`)."""
+    from racefuzz.trace.fixture import TraceFixture
+
+    c = racefuzz_config
+    return TraceFixture(c.backend, c.examples, c.seed, c.report_dir)
 
 
 # -------------------------------------------------------------------------------------------------------

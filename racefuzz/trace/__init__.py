@@ -18,6 +18,17 @@ Importing this package imports neither torch nor Triton; recording does, lazily.
 """
 
 from racefuzz.trace.annotations import WHOLE, KernelAccess, annotate, rows
+from racefuzz.trace.capture import cupy_kernel, launch_kernel
 from racefuzz.trace.search import TraceResult, fuzz, load_step
 
-__all__ = ["WHOLE", "KernelAccess", "TraceResult", "annotate", "fuzz", "load_step", "rows"]
+__all__ = [
+    "WHOLE",
+    "KernelAccess",
+    "TraceResult",
+    "annotate",
+    "cupy_kernel",
+    "fuzz",
+    "launch_kernel",
+    "load_step",
+    "rows",
+]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from racefuzz.trace.model import HOST
@@ -47,7 +47,7 @@ def _torch_mode_class() -> type:
             recorder = self.recorder
             info = _OP_INFO.get(func) or _op_info(func)
             name, label, outputs_written = info.name, info.label, info.fresh_outputs
-            if recorder.paused or name in _NOT_ACCESSES:
+            if recorder.paused or recorder.opaque or name in _NOT_ACCESSES:
                 if name == "record_stream":
                     recorder.on_record_stream(args[0])
                 return func(*args, **kwargs)
@@ -245,3 +245,38 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
 
 
 __all__ = ["HOST", "active", "recording"]
+
+
+def launch_kernel(name: str, fn: Callable[..., Any], /, kind: str = "external", **args: Any) -> Any:
+    """Call `fn(**args)`, recorded as a launch of kernel `name` on the current stream if a recorder is active.
+
+    For kernels racefuzz cannot see by itself (a C++ extension, a custom launcher): their read and write
+    sets come from `annotate(name, ...)` over the argument names, else the conservative default.
+    """
+    recorder = active()
+    if recorder is None or recorder.paused:
+        return fn(**args)
+    return recorder.kernel_launch(name, kind, args, lambda: fn(**args))
+
+
+def cupy_kernel(kernel: Any, arg_names: Sequence[str], name: str | None = None) -> Callable[..., Any]:
+    """A CuPy `RawKernel` (or `RawModule` function) callable as `launch(grid, block, args, shared_mem=0)`
+    with torch tensors as arguments, recorded (kind `cupy`) and run on torch's current stream.
+
+    CuPy has no launch hook: wrapping the kernel object is how its launches reach the recorder.
+    `arg_names` name the positional arguments for annotations.
+    """
+    label = name or getattr(kernel, "name", None) or repr(kernel)
+
+    def launch(grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], shared_mem: int = 0) -> Any:
+        import cupy
+        import torch
+
+        def run(**bound: Any) -> Any:
+            values = [cupy.asarray(v) if isinstance(v, torch.Tensor) else v for v in bound.values()]
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                return kernel(grid, block, tuple(values), shared_mem=shared_mem)
+
+        return launch_kernel(label, run, kind="cupy", **dict(zip(arg_names, args, strict=True)))
+
+    return launch

@@ -134,6 +134,7 @@ class Recorder:
         self.snapshot_plan = snapshot_plan
         self.record = RunRecord(Trace())
         self.paused = 0
+        self.opaque = 0
         self._stream_names: dict[int, str] = {0: "default"}
         self._seen_streams: set[str] = set()
         self._device_index = 0
@@ -192,8 +193,12 @@ class Recorder:
         return f"event#{self._events}"
 
     def name_storage(self, tensor: Any, name: str) -> None:
+        """Call `tensor`'s storage `name`; a 2-D tensor also gives the row length reports print with."""
         self._given_names[tensor.untyped_storage().data_ptr()] = name
-        self._storage(tensor, name)
+        key = self._storage(tensor, name)
+        old = self.record.trace.storages[key]
+        row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else old.row_bytes
+        self.record.trace.storages[key] = Storage(key, name, old.nbytes, tensor.element_size(), row_bytes)
 
     # --- storages ----------------------------------------------------------------------------------
 
@@ -210,11 +215,6 @@ class Recorder:
             self.record.trace.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes)
             if not self.on_gpu:
                 self._keep.append(storage)  # a CPU address must not be reused within the run
-        elif self._given_names.get(ptr) and self.record.trace.storages[key].name != self._given_names[ptr]:
-            old = self.record.trace.storages[key]
-            self.record.trace.storages[key] = Storage(
-                key, self._given_names[ptr], old.nbytes, old.itemsize, old.row_bytes
-            )
         return key
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
@@ -258,7 +258,16 @@ class Recorder:
             self._spin(spin)
             record.delays_applied.append((stream, nth, spin))
         source = user_source(3)
-        result = call()
+        if kind == "torch":
+            result = call()
+        else:
+            # The launch is opaque: torch ops and stream operations inside it (a Python launcher's own
+            # bookkeeping) are not the step's; allocations still are.
+            self.opaque += 1
+            try:
+                result = call()
+            finally:
+                self.opaque -= 1
         if outputs is not None:
             writes = writes + outputs(result)
         ordinal = len(record.launch_ops)
@@ -332,27 +341,27 @@ class Recorder:
     # --- stream and event operations, syncs, allocations ----------------------------------------------
 
     def on_record(self, event: str, stream: str) -> None:
-        if not self.paused:
+        if not self.paused and not self.opaque:
             ops = self.record.trace.ops
             ops.append(TraceRecord(len(ops), event, self._stream(stream)))
 
     def on_wait(self, event: str, stream: str) -> None:
-        if not self.paused:
+        if not self.paused and not self.opaque:
             ops = self.record.trace.ops
             ops.append(TraceWait(len(ops), self._stream(stream), event))
 
     def on_stream_sync(self, stream: str) -> None:
-        if not self.paused:
+        if not self.paused and not self.opaque:
             ops = self.record.trace.ops
             ops.append(TraceStreamSync(len(ops), self._stream(stream)))
 
     def on_event_sync(self, event: str) -> None:
-        if not self.paused:
+        if not self.paused and not self.opaque:
             ops = self.record.trace.ops
             ops.append(TraceEventSync(len(ops), event))
 
     def on_device_sync(self) -> None:
-        if not self.paused:
+        if not self.paused and not self.opaque:
             ops = self.record.trace.ops
             ops.append(TraceDeviceSync(len(ops)))
 

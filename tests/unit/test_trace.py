@@ -1,0 +1,250 @@
+"""racefuzz.trace on the CPU: torch ops recorded through the dispatch mode on virtual streams, kernels
+without a schema through annotations, the value oracle, the delay search, the report, replay and CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from racefuzz.trace import WHOLE, annotate, launch_kernel, rows  # noqa: E402
+from racefuzz.trace.annotations import _REGISTRY  # noqa: E402
+from racefuzz.trace.capture import recording  # noqa: E402
+from racefuzz.trace.convert import find_trace_races  # noqa: E402
+from racefuzz.trace.env import TraceEnv  # noqa: E402
+from racefuzz.trace.oracle import compare  # noqa: E402
+from racefuzz.trace.recorder import Recorder  # noqa: E402
+from racefuzz.trace.report import load_replay, render, replay_json  # noqa: E402
+from racefuzz.trace.search import fuzz, run_once, search_delays  # noqa: E402
+
+
+def overlap(env, *, sync: bool = False, rows_written=(1,)):
+    """A forward gathers rows 1 and 2 of req_to_token; the scheduler then rewrites some rows."""
+    table = env.name(torch.zeros(4, 16, dtype=torch.int32), "req_to_token")
+    schedule, forward = env.stream("schedule"), env.stream("forward")
+    forward.wait_stream(env.current_stream())
+    schedule.wait_stream(env.current_stream())
+    with env.use(forward):
+        kv = table[1:3].sum(0)
+    if sync:
+        schedule.wait_stream(forward)
+    with env.use(schedule):
+        for row in rows_written:
+            table[row, 4:8] = 7
+    return {"kv": kv}
+
+
+def races_of(step):
+    return find_trace_races(run_once(step, "cpu", serialize=True).trace)
+
+
+def test_a_view_write_racing_a_read_is_found_with_its_source_line():
+    (race,) = races_of(overlap)
+    assert str(race.race.kind) == "WAR"
+    assert (race.first.stream, race.second.stream) == ("forward", "schedule")
+    assert race.first.kernel == "aten.sum.dim_IntList" and race.second.kernel.startswith("aten.fill_")
+    assert race.where == ("req_to_token[1, 4:8]",)
+    assert race.first.source.endswith("(overlap)") and "test_trace.py" in race.first.source
+
+
+def test_a_wait_stream_orders_it_and_disjoint_rows_never_conflict():
+    assert races_of(lambda env: overlap(env, sync=True)) == []
+    assert races_of(lambda env: overlap(env, rows_written=(0, 3))) == []  # rows the forward does not read
+
+
+def test_events_and_host_syncs_are_recorded_as_on_a_gpu():
+    def step(env):
+        overlap(env)  # the racy pair
+        done = env.event()
+        done.record(env.current_stream())
+        env.current_stream().wait_event(done)
+        env.synchronize()
+
+    trace = run_once(step, "cpu").trace
+    kinds = [type(op).__name__ for op in trace.ops]
+    assert {"TraceRecord", "TraceWait", "TraceDeviceSync"} <= set(kinds)
+    assert trace.streams[:3] == ["default", "forward", "schedule"]
+
+
+def test_item_is_a_host_sync_of_the_current_stream():
+    def step(env):
+        value = torch.ones(2)
+        forward = env.stream("forward")
+        with env.use(forward):
+            value.add_(1)
+            assert value.sum().item() == 4.0
+
+    trace = run_once(step, "cpu").trace
+    assert any(type(op).__name__ == "TraceStreamSync" and op.stream == "forward" for op in trace.ops)
+
+
+def test_views_and_allocations_are_not_accesses():
+    def step(env):
+        x = torch.empty(8)
+        x.view(2, 4).t()
+        x.fill_(1)
+
+    trace = run_once(step, "cpu").trace
+    assert [op.kernel for op in trace.launches] == ["aten.fill_.Scalar"]
+
+
+def gather_rows(table, indices, lengths, out):
+    for i, (row, n) in enumerate(zip(indices.tolist(), lengths.tolist(), strict=True)):
+        out[i, :n] = table[row, :n]
+
+
+@pytest.fixture
+def annotated():
+    annotate(
+        "gather_rows",
+        reads={"table": rows("table", "indices", lengths="lengths"), "indices": WHOLE, "lengths": WHOLE},
+        writes={"out": WHOLE},
+    )
+    yield
+    _REGISTRY.pop("gather_rows", None)
+
+
+def kernel_step(env, write_row: int):
+    table = env.name(torch.arange(64, dtype=torch.int32).reshape(4, 16), "req_to_token")
+    out = torch.zeros(2, 16, dtype=torch.int32)
+    indices, lengths = torch.tensor([1, 2]), torch.tensor([4, 8])
+    forward, schedule = env.stream("forward"), env.stream("schedule")
+    for stream in (forward, schedule):
+        stream.wait_stream(env.current_stream())
+    with env.use(forward):
+        launch_kernel("gather_rows", gather_rows, table=table, indices=indices, lengths=lengths, out=out)
+    with env.use(schedule):
+        table[write_row, 6:10] = -1
+    return {"out": out}
+
+
+def test_an_annotated_kernel_reads_only_the_cells_it_indexes(annotated):
+    assert races_of(lambda env: kernel_step(env, write_row=3)) == []  # a row it does not read
+    assert races_of(lambda env: kernel_step(env, write_row=1)) == []  # row 1 is read over columns 0:4 only
+    (race,) = races_of(lambda env: kernel_step(env, write_row=2))  # row 2 is read over 0:8
+    assert race.where == ("req_to_token[2, 6:8]",) and race.first.kernel == "gather_rows"
+    assert race.first.kind == "external" and not race.first.assumed
+
+
+def test_an_unannotated_kernel_gets_the_conservative_default_once():
+    reference = run_once(lambda env: kernel_step(env, write_row=3), "cpu", serialize=True)
+    assert reference.trace.assumed_kernels == ["gather_rows"]
+    races = find_trace_races(reference.trace)
+    assert races and all(r.first.assumed for r in races)  # the whole table is assumed read (and written)
+    assert "sets assumed" in races[0].explain()
+
+
+class Flaky:
+    """A step whose forward reads a value the 'fuzzed' run changes (standing in for a manifested race)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, env):
+        self.runs += 1
+        table = env.name(torch.zeros(4, 16, dtype=torch.int32), "req_to_token")
+        forward = env.stream("forward")
+        with env.use(forward):
+            table[0].fill_(3)
+            if self.runs > 1:
+                table[1, 2] = 9  # what a racing writer would have left
+            gathered = table[1].clone()
+            total = gathered.sum()
+        return {"total": total}
+
+
+def test_the_oracle_names_the_first_launch_that_stored_a_wrong_value():
+    step = Flaky()
+    reference = run_once(step, "cpu", serialize=True)
+    fuzzed = run_once(step, "cpu", evaluate_annotations=False, snapshot_plan=reference.snapshots)
+    divergence = compare(reference, fuzzed)
+    assert divergence is not None and divergence.kind == "control-flow"  # it launched an extra kernel
+    assert "launched aten" in divergence.detail
+    assert compare(reference, reference) is None
+
+
+def test_the_oracle_compares_stored_values_launch_by_launch():
+    def step(env, poison: bool):
+        table = env.name(torch.zeros(4, 16, dtype=torch.int32), "req_to_token")
+        with env.use(env.stream("forward")):
+            table[1].fill_(9 if poison else 1)  # same launch sequence, different stored values
+            gathered = table[1].clone()
+        return {"gathered": gathered}
+
+    reference = run_once(lambda env: step(env, False), "cpu", serialize=True)
+    fuzzed = run_once(lambda env: step(env, True), "cpu", evaluate_annotations=False, snapshot_plan=reference.snapshots)
+    divergence = compare(reference, fuzzed)
+    assert divergence is not None and divergence.kind == "value"
+    assert divergence.launch is not None and divergence.launch.kernel.startswith("aten.fill_")
+    assert "byte 64 of req_to_token" in divergence.detail
+
+
+def test_the_delay_search_shrinks_to_the_one_point_that_matters():
+    points = [("forward", n) for n in range(6)] + [("schedule", n) for n in range(6)]
+
+    def attempt(delays):
+        return "manifested" if any(s == "forward" and n == 3 for s, n, _ in delays) else None
+
+    delays, found, _ = search_delays(points, attempt, examples=300, max_delays=3, seed=1)
+    assert found == "manifested" and len(delays) == 1 and delays[0][:2] == ("forward", 3)
+    assert delays[0][2] == 20.0  # shrunk to the shortest delay
+    nothing, none_found, ran_clean = search_delays(points, lambda d: None, examples=50, max_delays=2, seed=1)
+    assert nothing == [] and none_found is None and ran_clean == 50
+
+
+def test_fuzz_on_the_cpu_reports_the_hb_verdict_and_says_the_search_did_not_run(tmp_path):
+    result = fuzz(overlap, device="cpu")
+    assert result.racy and not result.searched
+    text = render(result)
+    assert text.startswith("==== racefuzz trace: RACE in test_trace:overlap (cpu) ====") or "RACE in" in text
+    assert "not run on the CPU" in text and "req_to_token[1, 4:8]" in text
+    result.delays = [("forward", 2, 200.0)]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(replay_json(result, ("req_to_token",))))
+    assert load_replay(path) == (result.step, "cpu", ("req_to_token",), [("forward", 2, 200.0)])
+
+
+def test_the_freed_block_is_written_on_the_stream_it_was_allocated_on():
+    recorder = Recorder("cpu")
+    env = TraceEnv(recorder, "cpu")
+    forward = env.stream("forward")
+    with recording(recorder):
+        buffer = torch.ones(16)
+        ptr = buffer.untyped_storage().data_ptr()
+        recorder.on_alloc(ptr)  # the allocator callbacks fire on a GPU; here by hand
+        buffer.fill_(2)  # on the default stream
+        forward.wait_stream(env.current_stream())
+        with env.use(forward):
+            buffer.sum()  # used on another stream without record_stream
+        recorder.on_free(ptr)
+    races = find_trace_races(recorder.record.trace)
+    assert [(r.first.stream, r.second.kernel.startswith("free(")) for r in races] == [("forward", True)]
+
+
+def trace_cli(argv: list[str]) -> int:
+    """`racefuzz trace ARGS` through the subcommand's own parser (the CLI registers it the same way)."""
+    import argparse
+
+    from racefuzz.commands.trace import add_parser, trace_command
+
+    parser = argparse.ArgumentParser(prog="racefuzz")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_parser(lambda name, help: commands.add_parser(name, help=help))
+    return trace_command(parser.parse_args(["trace", *argv]))
+
+
+def test_the_trace_command_exits_1_on_a_race_and_0_beside_a_caught_control(capsys, tmp_path):
+    code = trace_cli(["racefuzz.trace.example:racy_step", "--device", "cpu", "--report-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1 and "RACE" in out and "req_to_token[1, 0:8]" in out
+    clean = trace_cli(
+        ["racefuzz.trace.example:synced_step", "--device", "cpu", "--control", "racefuzz.trace.example:racy_step"]
+    )
+    out = capsys.readouterr().out
+    assert clean == 0 and "negative control racefuzz.trace.example:racy_step: caught" in out
+    inconclusive = trace_cli(
+        ["racefuzz.trace.example:synced_step", "--device", "cpu", "--control", "racefuzz.trace.example:synced_step"]
+    )
+    assert inconclusive == 3
