@@ -58,7 +58,14 @@ from racefuzz.program import (
     WaitStream,
 )
 from racefuzz.report import primary_race
-from racefuzz.scenarios.sglang import ALL_HAZARDS, OPT_IN_HAZARDS, PRE_LAUNCH_HAZARDS, Workload, build_program
+from racefuzz.scenarios.sglang import (
+    ALL_HAZARDS,
+    LATER_HAZARDS,
+    OPT_IN_HAZARDS,
+    PRE_LAUNCH_HAZARDS,
+    Workload,
+    build_program,
+)
 from racefuzz.scenarios.sglang.mutants import MUTANTS
 from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, judge, minimize, reproduces, search
 
@@ -66,6 +73,7 @@ CLEAN = (
     ("war-after-launch", ALL_HAZARDS),
     ("global-war", PRE_LAUNCH_HAZARDS + OPT_IN_HAZARDS),
     ("read-done", PRE_LAUNCH_HAZARDS + OPT_IN_HAZARDS),
+    ("read-done-post-replay", ALL_HAZARDS + LATER_HAZARDS),
 )
 """(correct design, the hazards it fences): the false-alarm runs."""
 CONTROL = "none"

@@ -87,7 +87,8 @@ class ReusedReadDone(_WarAfterLaunch):
     description = (
         "One reusable `read_done` event, re-recorded by every decode forward and waited on unconditionally: "
         "a forward that records none (extend) leaves an older forward's record armed, so the barrier binds "
-        "to the wrong forward's record (the event-reuse hazard of #31072, which #31698's rings prevent)."
+        "to an *older* forward's record and orders too little. Not #31072: there a wait bound to a *newer* "
+        "record, which orders more and deadlocked across ranks (#31698's event rings address both)."
     )
 
     def _event(self, ctx):

@@ -1,6 +1,6 @@
 """The built-in sync designs of the overlap scenario, one module each, each citing the sglang code it models.
 
-none              no WAR fence (before #26380): the negative control
+none              no WAR fence (EAGLE between `baeac179f` and #26380): the negative control
 self-event        DFLASH's own `verify_done` fence (before #29556)
 global-war        the scheduler's global WAR barrier at the loop top (#29556)
 read-done         the barrier with DFLASH's read-done fast path (#29541)
