@@ -17,12 +17,23 @@ import time
 from typing import Any
 
 from racefuzz.trace.recorder import Recorder
+from racefuzz.trace.search import run_once
 
 
 def _plain_env() -> Any:
     from racefuzz.trace.env import TraceEnv
 
     return TraceEnv(Recorder("cuda"), "cuda")  # a recorder that is never activated: streams only get names
+
+
+def _time_recorded(step: Any, runs: int) -> float:
+    """Median wall time of `step` recorded as a trace (no snapshots, no serialization), in microseconds."""
+    times = []
+    for _ in range(runs + 1):
+        start = time.perf_counter()
+        run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e6
 
 
 def _time_step(step: Any, runs: int) -> float:
@@ -83,24 +94,29 @@ def recording_cost(ops: int = 2000, runs: int = 5) -> dict[str, float]:
 
 
 def csan_main(design: str) -> int:
-    """Run under CSAN: the design's step (prints what CSAN reports), then the micro workload (µs/op)."""
+    """Run under CSAN: the design's step (prints what CSAN reports), then the micro workload (µs/op).
+
+    `design` may also be `example-racy` / `example-synced` (`racefuzz.trace.example`: a torch-only step
+    whose racing write is a view not starting at the table's base)."""
     import torch
     import torch.cuda._sanitizer as csan
 
-    from racefuzz.trace import sglang_overlap
+    from racefuzz.trace import example, sglang_overlap
 
-    step = sglang_overlap.step_for(design)
+    steps = {"example-racy": example.racy_step, "example-synced": example.synced_step}
+    step = steps[design] if design in steps else sglang_overlap.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
     plain = _micro_us(ops=2000)
     csan.enable_cuda_sanitizer()
     try:
         step(_plain_env())
+        torch.cuda.synchronize()
         print(f"CSAN {design}: no error reported")
     except Exception as exc:  # CSAN raises CUDASanitizerErrors
-        text = str(exc).splitlines()
-        print(f"CSAN {design}: {type(exc).__name__}: " + " | ".join(line.strip() for line in text[:12]))
+        text = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("  File")]
+        print(f"CSAN {design}: {type(exc).__name__}: " + " | ".join(text[:16]))
     torch.cuda.synchronize()
-    print(f"CSAN micro: plain {plain:.1f} us/op, CSAN {_micro_us(ops=2000):.1f} us/op")
+    print(f"CSAN micro {design}: plain {plain:.1f} us/op, CSAN {_micro_us(ops=2000):.1f} us/op")
     return 0
 
 
@@ -135,10 +151,26 @@ def proof_main(examples: int, seed: int) -> int:
             control_caught = bool(result.races) and result.divergence is not None
             print(f"CONTROL none caught by hb and manifested: {control_caught}")
     for design in sglang_overlap.DESIGNS:
-        print(f"COST design={design} step_median_us={_time_step(sglang_overlap.step_for(design), 30):.1f}")
+        step = sglang_overlap.step_for(design)
+        plain = _time_step(step, 30)
+        traced = _time_recorded(step, 30)
+        launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
+        print(
+            f"COST design={design} step_median_us={plain:.1f} recorded_step_median_us={traced:.1f} "
+            f"launches={launches} recording_us_per_launch={(traced - plain) / launches:.1f}"
+        )
+    from racefuzz.trace import example
+
+    for name, step in (("example-racy", example.racy_step), ("example-synced", example.synced_step)):
+        result = fuzz(step, device="cuda", examples=min(examples, 300), max_delays=2, confirm=5, seed=seed)
+        print(render(result))
+        print(
+            f"SUMMARY step={name} hb_races={len(result.races)} manifested={result.divergence is not None} "
+            f"delays={len(result.delays)} confirmed={result.confirmed}/{result.confirm_runs} examples={result.examples}"
+        )
     cost = recording_cost()
-    print("RECORDING " + " ".join(f"{k}={v:.2f}" for k, v in cost.items()))
-    for design in sglang_overlap.DESIGNS:
+    print("RECORDING micro " + " ".join(f"{k}={v:.2f}" for k, v in cost.items()))
+    for design in (*sglang_overlap.DESIGNS, "example-racy", "example-synced"):
         out = subprocess.run(
             [sys.executable, "-m", "racefuzz.trace.proof", "csan", "--design", design],
             capture_output=True,

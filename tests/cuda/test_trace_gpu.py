@@ -1,0 +1,142 @@
+"""racefuzz.trace on a real GPU: what torch's GPU-trace callbacks, Triton launches, CuPy kernels and the
+caching allocator give the recorder, and the delay search manifesting a race beside a clean control.
+
+Each test prints what it saw (run with `-s` for the record)."""
+
+from __future__ import annotations
+
+import pytest
+
+from racefuzz.trace import WHOLE, annotate, cupy_kernel, fuzz
+from racefuzz.trace.annotations import _REGISTRY
+from racefuzz.trace.convert import find_trace_races
+from racefuzz.trace.example import racy_step, synced_step
+from racefuzz.trace.search import run_once
+
+pytestmark = pytest.mark.cuda
+
+
+def races(step):
+    return find_trace_races(run_once(step, "cuda", serialize=True).trace)
+
+
+def test_the_example_races_on_the_gpu_exactly_where_it_does_on_the_cpu():
+    found = races(racy_step)
+    print(*found, sep="\n")
+    assert [r.where for r in found] == [("req_to_token[1, 0:8]",)]
+    assert races(synced_step) == []
+
+
+def test_wait_stream_and_item_arrive_through_the_gpu_trace_callbacks():
+    import torch
+
+    def step(env):
+        a, b = env.stream("a"), env.stream("b")
+        x = torch.ones(4, device="cuda")
+        a.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(a):  # torch's own API: no env wrapper
+            x.add_(1)
+        b.wait_stream(a)
+        with torch.cuda.stream(b):
+            assert x.sum().item() == 8.0
+
+    trace = run_once(step, "cuda").trace
+    kinds = [type(op).__name__ for op in trace.ops]
+    print(kinds)
+    assert kinds.count("TraceRecord") >= 2 and kinds.count("TraceWait") >= 2
+    assert any(k == "TraceStreamSync" for k in kinds)
+    assert find_trace_races(trace) == []
+
+
+def test_triton_launches_are_recorded_with_annotations_or_the_default():
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fill_row(table, row, stride, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(table + row * stride + offsets, -1)
+
+    def step(env):
+        table = env.name(torch.zeros(4, 64, dtype=torch.int32, device="cuda"), "req_to_token")
+        forward, schedule = env.stream("forward"), env.stream("schedule")
+        for stream in (forward, schedule):
+            stream.wait_stream(torch.cuda.current_stream())
+        with env.use(forward):
+            gathered = table[1].clone()
+        with env.use(schedule):
+            fill_row[(1,)](table, 3, table.stride(0), BLOCK=64)  # row 3: the forward reads row 1 only
+        env.synchronize()
+        return {"gathered": gathered}
+
+    reference = run_once(step, "cuda", serialize=True)
+    assert reference.trace.assumed_kernels == ["fill_row"]
+    assert find_trace_races(reference.trace) != []  # assumed to touch all of req_to_token
+    annotate("fill_row", reads={}, writes={"table": lambda args: [args["table"][args["row"]]]})
+    try:
+        annotated = run_once(step, "cuda", serialize=True)
+        assert annotated.trace.assumed_kernels == [] and find_trace_races(annotated.trace) == []
+    finally:
+        _REGISTRY.pop("fill_row", None)
+
+
+def test_cupy_kernels_are_recorded_on_torchs_current_stream():
+    cupy = pytest.importorskip("cupy")
+    import torch
+
+    kernel = cupy.RawKernel(
+        r'extern "C" __global__ void poison(int* row, int n) { int i = threadIdx.x; if (i < n) row[i] = -1; }',
+        "poison",
+    )
+    poison = cupy_kernel(kernel, ["row", "n"])
+    annotate("poison", reads={}, writes={"row": WHOLE})
+
+    def step(env):
+        table = env.name(torch.zeros(4, 64, dtype=torch.int32, device="cuda"), "req_to_token")
+        forward, schedule = env.stream("forward"), env.stream("schedule")
+        for stream in (forward, schedule):
+            stream.wait_stream(torch.cuda.current_stream())
+        with env.use(forward):
+            total = table[1].sum()
+        with env.use(schedule):
+            poison((1,), (64,), (table[1, 8:16], 8))
+        env.synchronize()
+        assert int((table[1, 8:16] == -1).sum()) == 8
+        return {"total": total}
+
+    try:
+        found = races(step)
+    finally:
+        _REGISTRY.pop("poison", None)
+    print(*found, sep="\n")
+    assert [(r.second.kind, r.where) for r in found] == [("cupy", ("req_to_token[1, 8:16]",))]
+
+
+def test_a_block_freed_while_another_stream_uses_it_is_a_race():
+    import torch
+
+    def step(env, record: bool):
+        side = env.stream("side")
+        scratch = torch.ones(1 << 20, device="cuda")  # allocated on the default stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            total = scratch.sum()
+        if record:
+            scratch.record_stream(side)
+        del scratch  # the caching allocator may hand the block out again on the default stream
+        env.synchronize()
+        return {"total": total}
+
+    found = races(lambda env: step(env, record=False))
+    print(*found, sep="\n")
+    assert [r.second.kind for r in found] == ["free"]
+    assert races(lambda env: step(env, record=True)) == []
+
+
+def test_the_delay_search_manifests_the_race_and_not_the_synced_step():
+    racy = fuzz(racy_step, device="cuda", examples=200, seed=0, confirm=3)
+    print(racy.divergence, racy.delays, racy.confirmed, racy.examples)
+    assert racy.divergence is not None and len(racy.delays) <= 2 and racy.confirmed == 3
+    clean = fuzz(synced_step, device="cuda", examples=200, seed=0)
+    assert clean.divergence is None and clean.races == [] and clean.examples == 200
