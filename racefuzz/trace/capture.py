@@ -56,7 +56,12 @@ def _torch_mode_class() -> type:
                 return func(*args, **kwargs)  # a view or metadata op
             on_gpu = recorder.on_gpu
             if on_gpu:
-                if not any(t.is_cuda for t in reads) and not any(t.is_cuda for _, t in writes):
+                if not reads and not writes:
+                    # A factory (`zeros`, `arange`): a device launch iff it makes a CUDA tensor.
+                    device = kwargs.get("device")
+                    if device is None or device.type != "cuda":
+                        return func(*args, **kwargs)
+                elif not any(t.is_cuda for t in reads) and not any(t.is_cuda for _, t in writes):
                     pinned_reads = [t for t in reads if t.is_pinned()]
                     pinned_writes = [t for _, t in writes if t.is_pinned()]
                     out = func(*args, **kwargs)
