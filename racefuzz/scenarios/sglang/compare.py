@@ -202,12 +202,12 @@ def render(result: dict[str, object]) -> str:
         f"forward {result['forward_us']:g} us, host work {result['host_work_us']:g} + launch prep "
         f"{result['launch_prep_us']:g} us per iteration; "
         f"costs {result['costs']}",
-        f"{'design':18} {'unordered':>9} {'masked only':>11} {'corrupted':>9} {'host blocked/iter':>18} "
+        f"{'design':22} {'unordered':>9} {'masked only':>11} {'corrupted':>9} {'host blocked/iter':>18} "
         f"{'GPU idle/gap':>13} {'iter/s':>8}",
     ]
     for name, row in designs.items():
         lines.append(
-            f"{name:18} {row['unordered']:>9} {row['masked_only']:>11} {row['corrupted']:>9} "
+            f"{name:22} {row['unordered']:>9} {row['masked_only']:>11} {row['corrupted']:>9} "
             f"{row['host_blocked_us_per_iteration']:>15.1f} us "
             f"{row['gpu_idle_us_per_forward_gap']:>10.1f} us {row['iterations_per_s']:>8.1f}"
         )
@@ -233,7 +233,7 @@ def render(result: dict[str, object]) -> str:
         for name, row in result[key].items():  # type: ignore[union-attr]
             parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
             lines.append(
-                f"  {name:18} host blocked {row['host_blocked_us_per_iteration']:.1f} us/iter ({parts or 'nothing'}), "
+                f"  {name:22} host blocked {row['host_blocked_us_per_iteration']:.1f} us/iter ({parts or 'nothing'}), "
                 f"GPU idle {row['gpu_idle_us_per_forward_gap']:.1f} us/gap, {row['iterations_per_s']:.1f} iter/s"
             )
     per_extent = result["workloads_with_races_only_in_per_read_extent"]
