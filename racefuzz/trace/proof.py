@@ -18,6 +18,27 @@ from typing import Any
 
 from racefuzz.trace.recorder import Recorder
 from racefuzz.trace.search import run_once
+from racefuzz.trace.sglang_overlap import DESIGNS
+
+CSAN_STEPS = (*DESIGNS, "example-racy", "example-synced", "csan-control")
+"""Steps run under CSAN: sglang's designs, the torch-only example, and a race CSAN does see (its control:
+a whole-tensor write at the table's base address against a read of the table on another stream)."""
+
+
+def csan_control_step(env: Any) -> dict[str, Any]:
+    """A torch-only race CSAN's model covers: both accesses start at the table's base address."""
+    import torch
+
+    table = torch.zeros(4, 64, dtype=torch.int32, device=env.device)
+    schedule, forward = env.stream("schedule"), env.stream("forward")
+    forward.wait_stream(env.current_stream())
+    schedule.wait_stream(env.current_stream())
+    with env.use(forward):
+        total = table.sum()
+    with env.use(schedule):
+        table.fill_(-1)
+    env.synchronize()
+    return {"total": total}
 
 
 def _plain_env() -> Any:
@@ -103,7 +124,11 @@ def csan_main(design: str) -> int:
 
     from racefuzz.trace import example, sglang_overlap
 
-    steps = {"example-racy": example.racy_step, "example-synced": example.synced_step}
+    steps = {
+        "example-racy": example.racy_step,
+        "example-synced": example.synced_step,
+        "csan-control": csan_control_step,
+    }
     step = steps[design] if design in steps else sglang_overlap.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
     plain = _micro_us(ops=2000)
@@ -128,13 +153,13 @@ def _micro_us(ops: int) -> float:
     return (time.perf_counter() - start) / ops * 1e6
 
 
-def proof_main(examples: int, seed: int) -> int:
+def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: list[str]) -> int:
     from racefuzz.trace import sglang_overlap
     from racefuzz.trace.report import render
     from racefuzz.trace.search import fuzz
 
     control_caught = False
-    for design in sglang_overlap.DESIGNS:
+    for design in designs:
         step = sglang_overlap.step_for(design)
         result = fuzz(
             step, device="cuda", watch=("req_to_token",), examples=examples, max_delays=2, confirm=5, seed=seed
@@ -150,7 +175,7 @@ def proof_main(examples: int, seed: int) -> int:
         if design == sglang_overlap.CONTROL:
             control_caught = bool(result.races) and result.divergence is not None
             print(f"CONTROL none caught by hb and manifested: {control_caught}")
-    for design in sglang_overlap.DESIGNS:
+    for design in sglang_overlap.DESIGNS if cost else ():
         step = sglang_overlap.step_for(design)
         plain = _time_step(step, 30)
         traced = _time_recorded(step, 30)
@@ -168,9 +193,10 @@ def proof_main(examples: int, seed: int) -> int:
             f"SUMMARY step={name} hb_races={len(result.races)} manifested={result.divergence is not None} "
             f"delays={len(result.delays)} confirmed={result.confirmed}/{result.confirm_runs} examples={result.examples}"
         )
-    cost = recording_cost()
-    print("RECORDING micro " + " ".join(f"{k}={v:.2f}" for k, v in cost.items()))
-    for design in (*sglang_overlap.DESIGNS, "example-racy", "example-synced"):
+    if cost:
+        figures = recording_cost()
+        print("RECORDING micro " + " ".join(f"{k}={v:.2f}" for k, v in figures.items()))
+    for design in csan:
         out = subprocess.run(
             [sys.executable, "-m", "racefuzz.trace.proof", "csan", "--design", design],
             capture_output=True,
@@ -189,12 +215,16 @@ def main(argv: list[str]) -> int:
     proof = commands.add_parser("proof")
     proof.add_argument("--examples", type=int, default=1000)
     proof.add_argument("--seed", type=int, default=0)
+    proof.add_argument("--designs", default=",".join(DESIGNS), help="comma-separated sglang designs to fuzz")
+    proof.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost measurements")
+    proof.add_argument("--csan", default=",".join(CSAN_STEPS), help="comma-separated steps to run under CSAN")
     csan = commands.add_parser("csan")
     csan.add_argument("--design", required=True)
     args = parser.parse_args(argv)
     if args.command == "csan":
         return csan_main(args.design)
-    return proof_main(args.examples, args.seed)
+    designs = [d for d in args.designs.split(",") if d]
+    return proof_main(args.examples, args.seed, designs, args.cost, [d for d in args.csan.split(",") if d])
 
 
 if __name__ == "__main__":

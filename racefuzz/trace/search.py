@@ -26,7 +26,7 @@ Step = Callable[[Any], Mapping[str, Any] | None]
 DelayPoint = tuple[str, int, float]
 """(stream, n-th launch on it (0-based), microseconds of spin before it)."""
 
-DELAYS_US = (1000.0, 200.0, 20.0)
+DELAYS_US = (5000.0, 1000.0, 200.0, 20.0)
 """Spin lengths a delay point draws from; Hypothesis shrinks towards the first (the longest, which
 manifests most reliably: shrinking is for fewer delay points, not shorter ones)."""
 
