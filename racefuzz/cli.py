@@ -1,8 +1,11 @@
 """The `racefuzz` command: parses the arguments and dispatches to `racefuzz.commands.*`.
 
-Exit codes (`racefuzz.exitcodes.ExitCode`): 0 no race found (and the negative control was caught), 1 a race
-was found (the report is on disk before it is printed), 2 usage or configuration error (one line on
-stderr), 3 inconclusive: the negative control was not caught, so "no race" would mean nothing.
+Exit codes (`racefuzz.exitcodes.ExitCode`, listed by `racefuzz --help`): 0 no race found (and the negative
+control was caught), 1 a race was found (the report is on disk before it is printed), 2 usage or
+configuration error, 3 inconclusive (the negative control was not caught), 4 error in user code (a design
+hook), 5 internal error, 6 an example timed out, 130 interrupted. Errors are one line on stderr; `-v` adds
+the traceback. Arguments and the design are checked before anything heavy is imported (`racefuzz run` on a
+CPU machine imports neither torch nor CuPy).
 
 Only the console entry point (`racefuzz = "racefuzz.cli:main"`) and `python -m racefuzz.cli` import this
 module; the subcommands take their exit codes from `racefuzz.exitcodes`.
@@ -12,15 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.errors import InvalidArgument, RacefuzzError
-from racefuzz.exitcodes import ExitCode
+from racefuzz.errors import InvalidArgument, RacefuzzError, UserCodeError
+from racefuzz.exitcodes import MEANINGS, ExitCode
+from racefuzz.outputs import DEFAULT_REPORT_DIR
 
-# Aliases for callers that still import them from here (some tests); new code uses `ExitCode`.
+DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
+"""The per-example watchdog's default: far above any example's run (ms on the simulator, a GPU kernel compile
+on the first CUDA example takes seconds)."""
+
 BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
 
 
@@ -44,8 +53,43 @@ def _int_at_least(minimum: int, what: str):
     return parse
 
 
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "a non-negative integer")
+MAX_EXAMPLES = 10**8
+"""The largest --examples (and --workloads) accepted: a bound, so that a typo is not a search for ever."""
+
+
+def _bounded_int(minimum: int, maximum: int, what: str):
+    at_least = _int_at_least(minimum, what)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected {what} up to {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def _finite_float(minimum: float, maximum: float, what: str):
+    """An argparse type: a finite float in [minimum, maximum] (rejects inf and nan)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected {what} in [{minimum:g}, {maximum:g}], got {text!r}")
+        return value
+
+    return parse
+
+
+_examples = _bounded_int(1, MAX_EXAMPLES, "a positive integer")
+_repeat = _bounded_int(1, 1000, "a positive integer")
+_seed = _bounded_int(0, 2**32 - 1, "a non-negative integer")
+_max_delays = _bounded_int(0, 64, "a non-negative integer")
+_microseconds = _finite_float(0.0, 1e7, "microseconds (a finite number)")
+_timeout = _finite_float(0.1, 86400.0, "seconds")
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
@@ -60,20 +104,49 @@ def _hazard_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _exit_code_table() -> str:
+    return "exit codes:\n" + "\n".join(f"  {int(code):>3}  {meaning}" for code, meaning in MEANINGS.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     from racefuzz.backends import BACKENDS
-    from racefuzz.report import DEFAULT_REPORT_DIR
     from racefuzz.scenarios import get_scenario
     from racefuzz.schedulers import STRATEGIES
 
-    hazards = get_scenario().hazards
-    parser = _Parser(prog="racefuzz", description="Fuzz CUDA stream-ordering races (WAR on req_to_token).")
+    scenario = get_scenario()
+    hazards, opt_in = scenario.hazards, scenario.opt_in_hazards
+    hazards_help = (
+        f"comma-separated subset of {','.join(hazards)} (default: all of them); opt-in, only when named: "
+        f"{','.join(opt_in)}"
+    )
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", help="print the traceback of an error")
+    parser = _Parser(
+        prog="racefuzz",
+        description="Fuzz CUDA stream-ordering races (WAR on req_to_token).",
+        epilog=_exit_code_table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[verbose],
+    )
     parser.add_argument("--version", action="version", version=f"racefuzz {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = commands.add_parser("run", help="search one design for races (with a negative control)")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=help,
+            parents=[verbose],
+            epilog=_exit_code_table(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    run = command("run", "search one design for races (with a negative control)")
     run.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable, else sim")
-    run.add_argument("--design", default="global-war", help="built-in name or module:attr (default: global-war)")
+    run.add_argument(
+        "--design",
+        default="global-war",
+        help="built-in name, package.module:attr or path/to/file.py:attr (default: global-war)",
+    )
     plan = run.add_mutually_exclusive_group()
     plan.add_argument(
         "--plan-stream",
@@ -83,15 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="always run DFLASH decode prep on the plan stream",
     )
     plan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false", help="never use the plan stream")
+    run.add_argument("--hazards", type=_hazard_list, default=hazards, help=hazards_help)
     run.add_argument(
-        "--hazards",
-        type=_hazard_list,
-        default=hazards,
-        help=f"comma-separated subset of {','.join(hazards)} (default: all)",
+        "--examples", type=_examples, default=2000, help=f"examples to try, 1 to {MAX_EXAMPLES:,} (default 2000)"
     )
-    run.add_argument("--examples", type=_positive_int, default=2000, help="examples to try (default 2000)")
-    run.add_argument("--seed", type=_non_negative_int, default=0, help="Hypothesis seed (default 0)")
-    run.add_argument("--max-delays", type=_non_negative_int, default=4, help="delays per schedule (default 4)")
+    run.add_argument("--seed", type=_seed, default=0, help="Hypothesis seed, 0 to 2**32-1 (default 0)")
+    run.add_argument("--max-delays", type=_max_delays, default=4, help="delays per schedule, 0 to 64 (default 4)")
     run.add_argument(
         "--strategy",
         choices=STRATEGIES,
@@ -100,17 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=_repeat,
         default=None,
-        help="runs a manifested race must reproduce in (k of k; default 5 on cuda, 1 on sim)",
+        help="runs a manifested race must reproduce in, 1 to 1000 (k of k; default 5 on cuda, 1 on sim)",
     )
-    run.add_argument("--json", type=Path, help="write a JSON summary here")
+    run.add_argument("--json", type=Path, help="write a JSON summary here (checked before the search)")
     run.add_argument(
         "--report-dir",
         type=Path,
         default=Path(DEFAULT_REPORT_DIR),
-        help=f"where replay files and reports go (default {DEFAULT_REPORT_DIR}/)",
+        help=f"where replay files, reports and timelines go (default {DEFAULT_REPORT_DIR}/ in the current "
+        "directory; checked before the search)",
     )
+    run.add_argument(
+        "--example-timeout",
+        type=_timeout,
+        default=DEFAULT_EXAMPLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"stop with exit code {int(ExitCode.TIMEOUT)} when one example (a design hook, a run) takes longer "
+        f"(default {DEFAULT_EXAMPLE_TIMEOUT_S:g}); a hung hook or GPU kernel is abandoned",
+    )
+    run.add_argument("--strict", action="store_true", help="design lint findings are errors (exit 4), not warnings")
     run.add_argument(
         "--database",
         default=None,
@@ -123,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    compare = commands.add_parser("compare", help="correctness and cost of sync designs side by side")
+    compare = command("compare", "correctness and cost of sync designs side by side")
     compare.add_argument(
         "--designs",
         default="self-event,global-war",
@@ -133,40 +213,44 @@ def build_parser() -> argparse.ArgumentParser:
     cplan = compare.add_mutually_exclusive_group()
     cplan.add_argument("--plan-stream", dest="plan_stream", action="store_true", default=None)
     cplan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false")
-    compare.add_argument("--hazards", type=_hazard_list, default=hazards)
-    compare.add_argument("--workloads", type=_positive_int, default=100, help="drawn workloads (default 100)")
-    compare.add_argument("--seed", type=_non_negative_int, default=0)
+    compare.add_argument("--hazards", type=_hazard_list, default=hazards, help=hazards_help)
+    compare.add_argument(
+        "--workloads",
+        type=_bounded_int(1, 100_000, "a positive integer"),
+        default=100,
+        help="drawn workloads, 1 to 100,000 (default 100)",
+    )
+    compare.add_argument("--seed", type=_seed, default=0)
     compare.add_argument(
         "--forward-us",
-        type=float,
+        type=_microseconds,
         default=3000.0,
         help="forward compute per iteration in us (default 3000, a decode step)",
     )
     compare.add_argument(
         "--host-us",
-        type=float,
+        type=_microseconds,
         default=600.0,
         help="host scheduling work per iteration before decode prep, in us (default 600)",
     )
     compare.add_argument(
         "--prep-us",
-        type=float,
+        type=_microseconds,
         default=300.0,
         help="host work between decode prep and the forward launch, in us (default 300)",
     )
     compare.add_argument("--json", type=Path, help="write the results here")
     compare.add_argument("--plot", type=Path, help="write a PNG: cost bars and one timeline per design")
 
-    designs = commands.add_parser("designs", help="list the built-in designs")
+    designs = command("designs", "list the built-in designs")
     designs.add_argument("--mutants", action="store_true", help="list the deliberately broken designs instead")
 
-    replay = commands.add_parser("replay", help="re-run a replay file and print its report")
+    replay = command("replay", "re-run a replay file and print its report")
     replay.add_argument("file", type=Path)
     replay.add_argument("--backend", choices=("sim", "cuda"), help="default: the backend recorded in the file")
-    replay.add_argument("--repeat", type=_positive_int, default=1, help="runs (default 1; 5 is sensible on GPU)")
-    replay.add_argument("--report-dir", type=Path, default=Path(DEFAULT_REPORT_DIR))
+    replay.add_argument("--repeat", type=_repeat, default=1, help="runs, 1 to 1000 (default 1; 5 is sensible on GPU)")
 
-    bench = commands.add_parser("bench", help="benchmarks: print a table; --json (and for matrix --out) write files")
+    bench = command("bench", "benchmarks: print a table; --json (and for matrix --out) write files")
     bench.add_argument(
         "which",
         nargs="?",
@@ -182,42 +266,77 @@ def build_parser() -> argparse.ArgumentParser:
         help="for `matrix`: write each racy cell's replay file and report under DIR/counterexamples/ "
         "(default: write none; the committed ones are regenerated with --out docs/results)",
     )
+    bench.add_argument(
+        "--quick", action="store_true", help="for `mutants`: fewer seeds and examples (a smoke run, ~1 minute)"
+    )
+    from racefuzz.commands.trace import add_parser as add_trace_parser
+
+    add_trace_parser(command)
+    from racefuzz.commands.prove import add_parser as add_prove_parser
+
+    add_prove_parser(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "run":
-            from racefuzz.commands.run import run_command
-
-            return run_command(args)
-        if args.command == "compare":
-            from racefuzz.commands.compare import compare_command
-
-            return compare_command(args)
-        if args.command == "designs":
-            from racefuzz.designs import describe
-            from racefuzz.scenarios import get_scenario
-
-            scenario = get_scenario()
-            listed = scenario.mutants() if args.mutants else scenario.designs()
-            width = max(map(len, listed))
-            for name, design in listed.items():
-                print(f"{name:{width}}  {describe(design)}")
-            return ExitCode.CLEAN
-        if args.command == "replay":
-            from racefuzz.commands.replay import replay_command
-
-            return replay_command(args)
-        if args.command == "bench":
-            return _bench(args)
+        return _dispatch(args)
     except RacefuzzError as exc:
-        print(f"racefuzz: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        kind = "error in user code" if isinstance(exc, UserCodeError) else "error"
+        print(f"racefuzz: {kind}: {exc}", file=sys.stderr)
+        if isinstance(exc, UserCodeError) and exc.details:
+            if args.verbose:
+                print(exc.details, file=sys.stderr, end="")
+            else:
+                print("racefuzz: (-v prints the traceback)", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("racefuzz: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug in racefuzz: say so in one line, the traceback with -v
+        message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"racefuzz: internal error: {type(exc).__name__}: {message}", file=sys.stderr)
+        if args.verbose:
+            traceback.print_exc()
+        else:
+            print("racefuzz: this is a bug in racefuzz; -v prints the traceback to report", file=sys.stderr)
+        return ExitCode.INTERNAL
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from racefuzz.commands.run import run_command
+
+        return run_command(args)
+    if args.command == "compare":
+        from racefuzz.commands.compare import compare_command
+
+        return compare_command(args)
+    if args.command == "designs":
+        from racefuzz.designs import describe
+        from racefuzz.scenarios import get_scenario
+
+        scenario = get_scenario()
+        listed = scenario.mutants() if args.mutants else scenario.designs()
+        width = max(map(len, listed))
+        for name, design in listed.items():
+            print(f"{name:{width}}  {describe(design)}")
+        return ExitCode.CLEAN
+    if args.command == "replay":
+        from racefuzz.commands.replay import replay_command
+
+        return replay_command(args)
+    if args.command == "trace":
+        from racefuzz.commands.trace import trace_command
+
+        return trace_command(args)
+    if args.command == "prove":
+        from racefuzz.commands.prove import prove_command
+
+        return prove_command(args)
+    if args.command == "bench":
+        return _bench(args)
     raise AssertionError(f"unhandled command {args.command}")
 
 
@@ -225,22 +344,28 @@ def _bench(args: argparse.Namespace) -> int:
     import importlib
 
     from racefuzz.backends import resolve_backend
+    from racefuzz.outputs import check_output_dir, check_output_file, write_text
 
     if args.backend != "sim" and args.which != "mutants":
         raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")
     if args.out is not None and args.which != "matrix":
         raise InvalidArgument(f"--out applies to `racefuzz bench matrix` only, not to {args.which}")
+    if args.quick and args.which != "mutants":
+        raise InvalidArgument(f"--quick applies to `racefuzz bench mutants` only, not to {args.which}")
+    if args.json is not None:
+        check_output_file(args.json, "--json")
+    if args.out is not None:
+        check_output_dir(args.out, "--out")
     bench = importlib.import_module(f"racefuzz.bench.{args.which}")
     if args.which == "mutants":
-        results = bench.run(backend=resolve_backend(args.backend))
+        results = bench.run(backend=resolve_backend(args.backend), quick=args.quick)
     elif args.which == "matrix":
         results = bench.run(out=args.out)
     else:
         results = bench.run()
     print(bench.render(results))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_text(args.json, json.dumps(results, indent=2) + "\n")
     return ExitCode.CLEAN
 
 

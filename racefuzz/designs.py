@@ -8,17 +8,31 @@ without one it belongs to the default scenario, sglang's overlap loop, whose hoo
 `racefuzz.scenarios.sglang.loop` and whose built-ins live in `racefuzz.scenarios.sglang.designs`.
 
 `load_design` also knows a scenario's deliberately broken designs (`mutant-...`) by name; they are not
-built-ins (`racefuzz designs --mutants` lists them).
+built-ins (`racefuzz designs --mutants` lists them). A user's design is `package.module:attr` (imported with
+the working directory on the import path, as `python -m` does) or `path/to/file.py:attr`; its hooks are
+wrapped (`GuardedHooks`) so that an exception in one is a `UserCodeError` naming the hook and the user's
+own frame, not a traceback through racefuzz.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from racefuzz.errors import InvalidArgument
+from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.scenarios import Scenario, get_scenario
+from racefuzz.watchdog import checkpoint
+
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+"""Frames under this directory are racefuzz's own; the first frame outside it is the user's."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,9 @@ def scenario_of(obj: object, default: Scenario | str | None = None) -> Scenario:
 
 def load_design(spec: str, scenario: Scenario | str | None = None) -> Design:
     """A built-in design or a mutant of `scenario` (default: sglang's overlap loop) by name, or
-    `package.module:attribute` (a design object or a module), whose own `scenario` attribute wins."""
+    `package.module:attribute` / `path/to/file.py:attribute` (a design object or a module), whose own
+    `scenario` attribute wins. Any problem is one-line `InvalidArgument`; an exception raised while
+    importing the user's module is a `UserCodeError`."""
     home = get_scenario(scenario)
     builtin = home.designs()
     if spec in builtin:
@@ -74,25 +90,167 @@ def load_design(spec: str, scenario: Scenario | str | None = None) -> Design:
     if spec.startswith("mutant-") and spec in home.mutants():
         obj = home.mutants()[spec]
         return Design(spec, describe(obj), spec, obj, home)
-    if ":" not in spec and "." not in spec:
+    file_path, module_name, attr = _split_spec(spec)
+    if file_path is None and ":" not in spec and "." not in spec:
+        close = difflib.get_close_matches(spec, [*builtin, *home.mutants()], n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise InvalidArgument(
-            f"unknown design {spec!r}; built-in designs: {', '.join(builtin)} (or module:attr; the deliberately "
-            "broken `mutant-*` designs are listed by `racefuzz designs --mutants`)"
+            f"unknown design {spec!r}; {hint}built-in designs: {', '.join(builtin)} (or module:attr or "
+            "path/to/file.py:attr; the deliberately broken `mutant-*` designs are listed by "
+            "`racefuzz designs --mutants`)"
         )
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgument(f"cannot import design module {module_name!r}: {exc}") from None
-    except Exception as exc:  # the user's module raised while importing
-        raise InvalidArgument(f"importing design module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    obj = module
+    module = _import_file(file_path, spec) if file_path is not None else _import_module(module_name)
+    obj: object = module
     if attr:
         try:
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except AttributeError:
-            raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+            names = [n for n in dir(module) if not n.startswith("_")]
+            close = difflib.get_close_matches(attr, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            where = f"design file {str(file_path)!r}" if file_path is not None else f"module {module_name!r}"
+            raise InvalidArgument(f"{where} has no attribute {attr!r}{hint}") from None
     owner = scenario_of(obj, home)
     check_design(obj, spec, owner)
-    return Design(str(obj.name), describe(obj), spec, obj, owner)  # type: ignore[attr-defined]
+    hooks = GuardedHooks(obj, spec, owner.hook_names)
+    return Design(str(obj.name), describe(obj), spec, hooks, owner)  # type: ignore[attr-defined]
+
+
+def _split_spec(spec: str) -> tuple[Path | None, str, str]:
+    """(file path or None, module name, attribute) of a user's design spec."""
+    left, colon, attr = spec.rpartition(":")
+    if not colon:
+        left, attr = spec, ""
+    if left.endswith(".py") or "/" in left or os.sep in left:
+        return Path(left), "", attr
+    module_name, _, attr = spec.partition(":")
+    return None, module_name, attr
+
+
+def _import_module(module_name: str):
+    # The console script does not put the working directory on the import path (`python -m` does): a design
+    # beside the user (`racefuzz run --design mypkg.sync:design`) must import as it does in their tests.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):  # the design's own module is missing
+            raise InvalidArgument(
+                f"cannot import design module {module_name!r}: {exc} (searched from {cwd}; a file path such as "
+                "path/to/sync.py:design works too)"
+            ) from None
+        raise UserCodeError(
+            f"importing design module {module_name!r} failed: {type(exc).__name__}: {exc}{_user_frame(exc)}",
+            traceback.format_exc(),
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise UserCodeError(
+            f"importing design module {module_name!r} failed: {type(exc).__name__}: {_one_line(exc)}{_user_frame(exc)}",
+            traceback.format_exc(),
+        ) from None
+
+
+def _import_file(path: Path, spec: str):
+    if not path.is_file():
+        raise InvalidArgument(f"design {spec!r}: no such file {str(path)!r}")
+    if path.suffix != ".py":
+        raise InvalidArgument(f"design {spec!r}: {str(path)!r} is not a .py file")
+    resolved = path.resolve()
+    # One module per file, under a name that cannot clash with the user's packages.
+    name = "racefuzz_design_" + "".join(c if c.isalnum() else "_" for c in str(resolved))
+    if name in sys.modules:
+        return sys.modules[name]
+    loader_spec = importlib.util.spec_from_file_location(name, resolved)
+    assert loader_spec is not None and loader_spec.loader is not None
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise UserCodeError(
+            f"importing design file {str(path)!r} failed: {type(exc).__name__}: {_one_line(exc)}{_user_frame(exc)}",
+            traceback.format_exc(),
+        ) from None
+    return module
+
+
+def _one_line(exc: BaseException) -> str:
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _user_frame(exc: BaseException) -> str:
+    """ " (at file:line in function)" for the innermost traceback frame outside racefuzz, else ""."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(PACKAGE_DIR)]
+    frames = [f for f in frames if not f.filename.startswith("<frozen")]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (at {_short(frame.filename)}:{frame.lineno} in {frame.name})"
+
+
+def _short(filename: str) -> str:
+    try:
+        return os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+
+
+def _defined_at(hook: Callable[..., object]) -> str:
+    function = getattr(hook, "__func__", hook)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return ""
+    return f"; defined at {_short(code.co_filename)}:{code.co_firstlineno}"
+
+
+class GuardedHooks:
+    """A user design's hooks, each turning an exception into a one-line `UserCodeError` that names the hook and
+    the user's own frame (the full traceback in `details`); every other attribute is the design's own.
+
+    Built-in designs are not wrapped: an exception in one is a bug in racefuzz."""
+
+    def __init__(self, design: object, spec: str, hook_names: tuple[str, ...]) -> None:
+        self.design = design
+        for name in hook_names:
+            hook = getattr(design, name, None)
+            if hook is not None:
+                setattr(self, name, _guard(hook, name, spec))
+
+    def __getattr__(self, name: str) -> object:  # only called for what __init__ did not set
+        return getattr(self.design, name)
+
+
+def _guard(hook: Callable[..., object], name: str, spec: str) -> Callable[..., object]:
+    doing = f"hook {name} of design {spec}"
+
+    def guarded(*args: object, **kwargs: object) -> object:
+        checkpoint(doing)  # Ctrl-C and the watchdog see a hook that never returns as this one
+        try:
+            return hook(*args, **kwargs)
+        except UserCodeError:
+            raise
+        except Exception as exc:
+            where = _user_frame(exc)
+            if isinstance(exc, TypeError) and not where:
+                try:
+                    inspect.signature(hook).bind(*args, **kwargs)
+                except TypeError:  # the call itself failed: the hook's signature is wrong
+                    raise UserCodeError(
+                        f"design {spec}: hook {name} cannot be called with {len(args)} argument(s): "
+                        f"{_one_line(exc)}{_defined_at(hook)}",
+                        traceback.format_exc(),
+                    ) from None
+                except ValueError:  # no signature to check (a builtin)
+                    pass
+            raise UserCodeError(
+                f"design {spec}: hook {name} raised {type(exc).__name__}: {_one_line(exc)}{where or _defined_at(hook)}",
+                traceback.format_exc(),
+            ) from None
+
+    guarded.__name__ = name
+    guarded.__wrapped__ = hook  # type: ignore[attr-defined]
+    return guarded

@@ -1,15 +1,19 @@
 """The exceptions racefuzz raises on purpose.
 
 Every error a user can cause (a bad program, a bad argument, a missing GPU, a bad replay file) is a
-`RacefuzzError`; the CLI prints its message on one line and exits 2. Anything else escaping racefuzz is a
-bug in racefuzz.
+`RacefuzzError`; the CLI prints its message on one line and exits with its `exit_code` (2, usage, unless
+the class says otherwise). Anything else escaping racefuzz is a bug in racefuzz (exit 5).
 """
 
 from __future__ import annotations
 
+from racefuzz.exitcodes import ExitCode
+
 
 class RacefuzzError(Exception):
     """Base class: a problem the user can fix, described in one line."""
+
+    exit_code: ExitCode = ExitCode.USAGE
 
 
 class InvalidProgram(RacefuzzError):
@@ -26,3 +30,21 @@ class BackendUnavailable(RacefuzzError):
 
 class ReplayError(RacefuzzError):
     """A replay file is malformed, from another format version, or names something unknown."""
+
+
+class UserCodeError(RacefuzzError):
+    """The user's code failed: a design hook raised (or could not be called), or a design lint error under
+    `--strict`. The message names the hook and the user's own frame; `details` holds the full traceback,
+    which the CLI prints only with `-v`."""
+
+    exit_code = ExitCode.USER_CODE
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class ExampleTimeout(RacefuzzError):
+    """One example (its hooks, its run) took longer than the per-example watchdog allows."""
+
+    exit_code = ExitCode.TIMEOUT

@@ -168,6 +168,7 @@ def _activate(config: pytest.Config) -> dict:
         "seed": 0 if seed is None else parse_seed(seed),
         "report_dir": Path(report_dir),
     }
+    _check_report_dir(settings["report_dir"])
     settings["gpu"] = _pin_xdist_worker_to_gpu()
     config.stash[_SETTINGS] = settings
     _register_hypothesis_profiles()
@@ -179,6 +180,17 @@ def _activate(config: pytest.Config) -> dict:
         if reason is not None:
             raise pytest.UsageError(f"{BACKEND_OPTION} cuda: {reason}")
     return settings
+
+
+def _check_report_dir(path: Path) -> None:
+    """A usage error now, before any test runs, unless failures can be written to `path`."""
+    from racefuzz.errors import InvalidArgument
+    from racefuzz.outputs import check_output_dir
+
+    try:
+        check_output_dir(path, REPORT_DIR_OPTION)
+    except InvalidArgument as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _gpu_count() -> int | None:
@@ -300,6 +312,40 @@ def racefuzz_trace(racefuzz_config):
 
     c = racefuzz_config
     return TraceFixture(c.backend, c.examples, c.seed, c.report_dir)
+
+
+# -------------------------------------------------------------------------------------------------------
+# failures
+# -------------------------------------------------------------------------------------------------------
+
+FAILURE_KINDS = {
+    "RaceFound": "race found",
+    "Inconclusive": "inconclusive",
+    "UserCodeError": "error in user code",
+    "InvalidArgument": "usage error",
+    "ReplayError": "usage error",
+    "BackendUnavailable": "usage error",
+    "InvalidProgram": "error in user code",
+    "ExampleTimeout": "timeout",
+}
+"""The kind a racefuzz failure is shown as, by exception class: the CLI's exit codes' (`racefuzz.exitcodes`)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """A test failed by racefuzz shows one line, `racefuzz: <kind>: <message>` (the report of a race follows
+    on the next lines), instead of a traceback through racefuzz; `-vv` keeps pytest's own report."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if call.excinfo is None or not report.failed or item.config.get_verbosity() >= 2:
+        return
+    module = type(call.excinfo.value).__module__ or ""
+    kind = FAILURE_KINDS.get(type(call.excinfo.value).__name__)
+    if kind is None or not module.startswith("racefuzz"):
+        return
+    message = str(call.excinfo.value).split("\nFalsifying example", 1)[0]
+    message = message.removeprefix("racefuzz: ").removeprefix("INCONCLUSIVE: ")
+    report.longrepr = f"racefuzz: {kind}: {message}"
 
 
 # -------------------------------------------------------------------------------------------------------

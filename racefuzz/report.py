@@ -30,7 +30,8 @@ from racefuzz.search import Outcome, SearchResult
 
 FORMAT = "racefuzz-replay"
 FORMAT_VERSION = 1
-DEFAULT_REPORT_DIR = ".racefuzz"
+ORACLES = ("corruption", "happens-before", "allocation")
+"""The `oracle` a replay file may record: what caught the counterexample (`Outcome.oracle`)."""
 MAX_CELLS_SHOWN = 6
 
 
@@ -65,10 +66,20 @@ class ReplayFile:
     def from_json(cls, data: object, source: str) -> ReplayFile:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ReplayError(f'{source}: not a racefuzz replay file (no "format": "{FORMAT}")')
-        if data.get("version") != FORMAT_VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != FORMAT_VERSION:
+            kind = "" if type(version) is int else f" (a {type(version).__name__}, not an integer)"
             raise ReplayError(
-                f"{source}: replay format version {data.get('version')!r}, this racefuzz reads version {FORMAT_VERSION}"
+                f"{source}: replay format version {version!r}{kind}; this racefuzz reads version {FORMAT_VERSION}"
             )
+        for name, allowed in (("backend", ("sim", "cuda")), ("oracle", ORACLES)):
+            if data.get(name) not in allowed:
+                raise ReplayError(f'{source}: "{name}" must be one of {", ".join(allowed)}, got {data.get(name)!r}')
+        seed = data.get("seed")
+        if type(seed) is not int or not 0 <= seed < 2**32:
+            raise ReplayError(f'{source}: "seed" must be an integer in [0, 2**32), got {seed!r}')
+        if not isinstance(data.get("design"), str) or not data["design"]:
+            raise ReplayError(f'{source}: "design" must be a design name or module:attr, got {data.get("design")!r}')
         spec = data.get("scenario")
         if not isinstance(spec, str):
             raise ReplayError(f'{source}: no scenario named ("scenario" must be a string, got {spec!r})')

@@ -11,6 +11,11 @@
 `assert_race_free` runs the same search as `racefuzz run`, beside the negative control: a race fails the
 test with the report in the message and the replay file, report and timeline written to
 `config.report_dir` first; a control that is not caught fails it as inconclusive.
+
+The failures carry the kinds of the CLI's exit codes (`racefuzz.exitcodes`): `RaceFound` (1) and
+`Inconclusive` (3) are `AssertionError`s; a usage problem (a bad design name, 2) is an `InvalidArgument`
+and a failing design hook (4) a `UserCodeError`, both `RacefuzzError`s with an `exit_code`. The pytest
+plugin shows each as one line, `racefuzz: <kind>: <message>` (the traceback with `-vv`).
 """
 
 from __future__ import annotations
@@ -26,11 +31,24 @@ from hypothesis import seed as hypothesis_seed
 from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import Design, load_design
 from racefuzz.errors import InvalidArgument
+from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
 from racefuzz.report import save_counterexample
 from racefuzz.scenarios import check_hazards
 from racefuzz.schedule import Schedule
 from racefuzz.search import SearchResult, search
+
+
+class RaceFound(AssertionError):
+    """A race was found (the CLI's exit code 1); the message is the report, written to disk first."""
+
+    exit_code = ExitCode.RACE
+
+
+class Inconclusive(AssertionError):
+    """No race, but the negative control was not caught either (the CLI's exit code 3)."""
+
+    exit_code = ExitCode.INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -110,7 +128,10 @@ def assert_race_free(
     skips it, and a "no race" then proves nothing, so only do that when a control runs elsewhere in the
     same session.
     """
+    from racefuzz.outputs import check_output_dir
+
     config = config or Config()
+    check_output_dir(config.report_dir, "report_dir")  # before the search: a race found must have a place to go
     backend = config.resolved_backend
     target = _design(design)
     if control is SCENARIO_CONTROL:
@@ -119,14 +140,22 @@ def assert_race_free(
         control_design = control if isinstance(control, Design) else load_design(control, target.scenario)
         caught = _search(control_design, config, backend, hazards, workload_options, shrink=False)
         if not caught.found:
-            raise AssertionError(
+            raise Inconclusive(
                 f"racefuzz: INCONCLUSIVE: the negative control `{caught.design.name}` was not caught in "
                 f"{caught.examples} examples on {backend}; widen the hazards or raise the examples"
             )
     result = _search(target, config, backend, hazards, workload_options, shrink=True)
     if result.found:
-        path, text, _ = save_counterexample(result, config.seed, config.report_dir)
-        raise AssertionError(f"racefuzz found a race in design {target.name} (replay file {path}):\n{text}")
+        try:
+            path, text, _ = save_counterexample(result, config.seed, config.report_dir)
+            where = ""
+        except OSError as exc:  # the report directory went bad during the search: keep the race anyway
+            from racefuzz.outputs import fallback_dir
+
+            elsewhere = fallback_dir()
+            path, text, _ = save_counterexample(result, config.seed, elsewhere)
+            where = f"; {config.report_dir} could not be written ({exc.strerror or exc}), so it went to {elsewhere}"
+        raise RaceFound(f"racefuzz found a race in design {target.name} (replay file {path}{where}):\n{text}")
     return result
 
 
@@ -186,9 +215,10 @@ def assert_no_new_race(
     @given(space.strategy().map(space.decode))
     def no_new_race(workload) -> None:
         added = keys(workload, new_design) - keys(workload, old_design)
-        assert not added, (
-            f"racefuzz: design {new_design.name} has races that {old_design.name} does not: {sorted(added)[:3]} "
-            f"on workload {workload.to_json()}"
-        )
+        if added:
+            raise RaceFound(
+                f"racefuzz: design {new_design.name} has races that {old_design.name} does not: "
+                f"{sorted(added)[:3]} on workload {workload.to_json()}"
+            )
 
     no_new_race()

@@ -105,6 +105,18 @@ SETTINGS: dict[str, dict[str, int]] = {
 }
 
 
+QUICK: dict[str, int] = {
+    "examples": 300,
+    "seeds": 2,
+    "false_alarm_random": 1000,
+    "false_alarm_pct": 1000,
+    "minimize_budget": 100,
+    "csan_examples": 0,
+}
+"""`racefuzz bench mutants --quick`: a smoke run (under 90 s on the simulator): fewer examples and seeds,
+smaller false-alarm budgets, no CSAN. Its figures are not the committed ones."""
+
+
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -333,13 +345,15 @@ def run(
     csan: bool = True,
     progress: Callable[[str], None] | None = None,
     strategy: str = "random",
+    quick: bool = False,
 ) -> dict[str, Any]:
     """Benchmark every mutant (or `names`) on `backend` (`sim` or `cuda`); see the module docstring.
 
-    `settings` overrides `SETTINGS[backend]` key by key (tests use small budgets). Returns the JSON-able
-    results: `mutants` (one object per mutant), `kill_rate`, `median_seconds_to_detect`, `false_alarms`.
+    `settings` overrides `SETTINGS[backend]` key by key (tests use small budgets); `quick` applies QUICK
+    first. Returns the JSON-able results: `mutants` (one object per mutant), `kill_rate`,
+    `median_seconds_to_detect`, `false_alarms`. One progress line per mutant goes to `progress` (stderr).
     """
-    chosen = {**SETTINGS[backend], **(settings or {})}
+    chosen = {**SETTINGS[backend], **(QUICK if quick else {}), **(settings or {})}
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     run_program = executor(backend)
     environment = _environment(backend)
@@ -368,7 +382,7 @@ def run(
     return {
         "benchmark": "mutants",
         "backend": backend,
-        "command": f"PYTHONPATH=. python3 -m racefuzz.cli bench mutants --backend {backend} --json PATH",
+        "command": f"racefuzz bench mutants --backend {backend}{' --quick' if quick else ''} --json PATH",
         "strategy": strategy,
         "environment": environment,
         "settings": chosen,

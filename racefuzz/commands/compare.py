@@ -29,6 +29,11 @@ def parse_designs(text: str) -> list[Design]:
 
 
 def compare_command(args: argparse.Namespace) -> int:
+    from racefuzz.outputs import check_output_file
+
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            check_output_file(path, option)
     designs = parse_designs(args.designs)
     scenario = designs[0].scenario
     run = getattr(scenario, "compare_command", None)

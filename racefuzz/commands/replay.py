@@ -1,29 +1,39 @@
 """`racefuzz replay FILE`: re-run a counterexample and print its report.
 
 On the simulator a replay is deterministic: it reproduces or racefuzz has a bug. On the GPU it runs
-`--repeat` times and says how many reproduced the manifested corruption.
+`--repeat` times and says how many reproduced the manifested corruption. Every field of the file is checked
+against its documented range before anything runs (`racefuzz.report.ReplayFile.from_json`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from racefuzz.backends import executor, resolve_backend
-from racefuzz.designs import load_design
-from racefuzz.errors import ReplayError
+from racefuzz.errors import BackendUnavailable, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
-from racefuzz.report import load_replay, render
-from racefuzz.search import explain, judge
 
 
 def replay_command(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.backends import executor, resolve_backend
+    from racefuzz.designs import load_design
+    from racefuzz.report import load_replay, render
+    from racefuzz.search import explain, judge
+    from racefuzz.watchdog import WatchedExecutor
+
     replay = load_replay(args.file)
     try:
         design = load_design(replay.design, replay.scenario)
-    except Exception as exc:
+    except InvalidArgument as exc:
         raise ReplayError(f"{args.file}: design {replay.design!r}: {exc}") from None
-    backend = resolve_backend(args.backend or replay.backend)
-    run = executor(backend)
+    try:
+        backend = resolve_backend(args.backend or replay.backend)
+    except BackendUnavailable as exc:
+        if args.backend is None and replay.backend == "cuda":
+            raise BackendUnavailable(
+                f"{exc}; {args.file} was recorded on cuda: replay it on the simulator with --backend sim"
+            ) from None
+        raise
+    run = WatchedExecutor(executor(backend), backend)
     outcomes = [judge(replay.workload, design, replay.schedule, run) for _ in range(args.repeat)]
     manifested = sum(bool(o.corruptions) for o in outcomes)
     shown = next((o for o in outcomes if o.corruptions), outcomes[0])

@@ -1,18 +1,26 @@
-"""`racefuzz run`: search one design for races, beside the negative control."""
+"""`racefuzz run`: search one design for races, beside the negative control.
+
+In order, so that nothing found is lost and a mistake costs a second, not a search: the output paths are
+checked, then the design is loaded and its programs for a few fixed workloads built and linted
+(`racefuzz.lint.preflight`: a hook that raises fails here), then the backend is resolved, and only then
+does the search run, inside `racefuzz.watchdog.stoppable` (Ctrl-C and `--example-timeout`). A race found is
+written before it is printed; if its directory cannot be written after all, to a temporary directory.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.backends import executor, resolve_backend
-from racefuzz.designs import load_design
-from racefuzz.errors import InvalidArgument
+from racefuzz.designs import Design, load_design
+from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
+from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
 from racefuzz.progress import progress
-from racefuzz.report import save_counterexample
-from racefuzz.search import SearchResult, search
+from racefuzz.watchdog import StopRequested, WatchedExecutor, checkpoint, stop_requested, stoppable
 
 DEFAULT_DATABASE = ".hypothesis/examples"
 """Where `racefuzz run` keeps failures by default: Hypothesis' own default example database directory."""
@@ -39,16 +47,17 @@ def example_database(spec: str | None):
         if not isinstance(obj, ExampleDatabase):
             raise InvalidArgument(f"--database {spec}: not a hypothesis.database.ExampleDatabase")
         return obj
-    if os.path.exists(spec) and not os.path.isdir(spec):
-        raise InvalidArgument(f"--database {spec}: not a directory")
+    check_output_dir(spec, "--database")
     return DirectoryBasedExampleDatabase(spec)
 
 
-def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool = True) -> SearchResult:
+def run_search(design: Design, args: argparse.Namespace, backend: str, run, *, shrink: bool = True):
+    from racefuzz.search import search
+
     with progress(args.examples, design.name, quiet=args.quiet) as on_example:
         return search(
             design,
-            executor(backend),
+            run,
             backend=backend,
             examples=args.examples,
             seed=args.seed,
@@ -63,7 +72,7 @@ def run_search(design, args: argparse.Namespace, backend: str, *, shrink: bool =
         )
 
 
-def summary(result: SearchResult) -> dict[str, object]:
+def summary(result) -> dict[str, object]:
     c = result.counterexample
     return {
         "design": result.design.name,
@@ -97,45 +106,79 @@ def summary(result: SearchResult) -> dict[str, object]:
     }
 
 
-def run_command(args: argparse.Namespace) -> ExitCode:
-    backend = resolve_backend(args.backend)
-    args.example_database = example_database(args.database)
-    design = load_design(args.design)
-    print(
-        f"racefuzz {__version__}: design {design.name} on {backend}, up to {args.examples} examples, seed {args.seed}, "
-        f"hazards {','.join(args.hazards)}"
-    )
-    control = None
-    control_design = design.scenario.control_design  # the negative control, defined once by the scenario
-    if design.name != control_design and not args.no_control:
-        control = run_search(load_design(control_design, design.scenario), args, backend, shrink=False)
-        if control.found:
-            print(
-                f"negative control `{control_design}`: caught after {control.first_detection_example} example(s) "
-                f"({control.counterexample.oracle})"
-            )
-        else:
-            print(f"negative control `{control_design}`: NOT caught in {control.examples} examples")
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path is usable, before any work (see the module docstring)."""
+    args.report_dir = check_output_dir(args.report_dir, "--report-dir")
+    if args.json is not None:
+        args.json = check_output_file(args.json, "--json")
 
-    result = run_search(design, args, backend)
+
+def lint(design: Design, args: argparse.Namespace) -> None:
+    """Build and lint the design's programs for a few fixed workloads; warnings on stderr, errors with --strict."""
+    from racefuzz.lint import preflight
+
+    findings = preflight(design, args.hazards, plan_stream=args.plan_stream)
+    for finding in findings:
+        print(f"racefuzz: warning: design {design.spec}: {finding}", file=sys.stderr)
+    if findings and args.strict:
+        raise UserCodeError(f"design {design.spec}: {len(findings)} lint finding(s) above, errors under --strict")
+
+
+def run_command(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.backends import executor, resolve_backend
+
+    check_outputs(args)
+    args.example_database = example_database(args.database)
+    control = result = None
+    try:
+        # Everything that runs the user's code is watched: a design module or hook that never returns is
+        # abandoned after --example-timeout, and Ctrl-C stops at the next checkpoint.
+        with stoppable(args.example_timeout):
+            checkpoint(f"loading design {args.design}")
+            design = load_design(args.design)
+            control_name = design.scenario.control_design  # the negative control, defined once by the scenario
+            control_design = None
+            if design.name != control_name and not args.no_control:
+                control_design = load_design(control_name, design.scenario)
+            checkpoint(f"building design {args.design}'s programs for the lint")
+            lint(design, args)
+            backend = resolve_backend(args.backend)
+            print(
+                f"racefuzz {__version__}: design {design.name} on {backend}, up to {args.examples} examples, "
+                f"seed {args.seed}, hazards {','.join(args.hazards)}",
+                flush=True,
+            )
+            run = WatchedExecutor(executor(backend), backend)
+            if control_design is not None:
+                control = run_search(control_design, args, backend, run, shrink=False)
+                if control.found:
+                    print(
+                        f"negative control `{control_name}`: caught after {control.first_detection_example} "
+                        f"example(s) ({control.counterexample.oracle})",
+                        flush=True,
+                    )
+                else:
+                    print(f"negative control `{control_name}`: NOT caught in {control.examples} examples", flush=True)
+            result = run_search(design, args, backend, run)
+            stopped = stop_requested()  # a Ctrl-C after the last checkpoint: the run finished, then say so
+    except StopRequested as stop:
+        return _stopped(stop, args)
     if result.flaky:
         rates = ", ".join(f"{f.reproduced}/{f.runs}" for f in result.flaky[:10])
         print(f"flaky (not counted as races, reproduced fewer than {result.repeat}/{result.repeat} times): {rates}")
     report = {"racefuzz": __version__, "run": summary(result), "control": None if control is None else summary(control)}
     if result.found:
-        # The replay file is on disk before anything else can fail; then the report and the timeline.
-        replay_path, text, timeline = save_counterexample(result, args.seed, args.report_dir)
-        report["replay_file"] = str(replay_path)
+        replay_path = _save(result, args, report)
         _write_json(args, report)
-        print(text)
-        for path in timeline:
-            print(f"  timeline: {path}")
         print(
             f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "
             f"report in {replay_path.with_suffix('.txt')}"
         )
-        return ExitCode.RACE
-    _write_json(args, report)
+        return ExitCode.INTERRUPTED if stopped else ExitCode.RACE
+    json_ok = _write_json(args, report)
+    if stopped:
+        print("racefuzz: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     if control is not None and not control.found:
         print(
             f"INCONCLUSIVE: no race in {design.name} over {result.examples} examples, but the negative control was not "
@@ -143,10 +186,56 @@ def run_command(args: argparse.Namespace) -> ExitCode:
         )
         return ExitCode.INCONCLUSIVE
     print(f"no race found in design {design.name} over {result.examples} examples ({result.seconds:.1f} s)")
-    return ExitCode.CLEAN
+    return ExitCode.CLEAN if json_ok else ExitCode.USAGE
 
 
-def _write_json(args: argparse.Namespace, report: dict[str, object]) -> None:
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+def _stopped(stop: StopRequested, args: argparse.Namespace) -> ExitCode:
+    """Ctrl-C or the watchdog stopped the run: write what the search had found, say so, return the code."""
+    partial = stop.partial
+    # Only the searched design's own counterexample: a stop during the negative control finds the control's.
+    if partial is not None and partial.found and partial.design.spec == args.design:  # type: ignore[attr-defined]
+        replay_path = _save(partial, args, None)
+        print(
+            f"RACE FOUND in design {partial.design.name} (not minimized: the search was stopped); "  # type: ignore[attr-defined]
+            f"replay {replay_path}"
+        )
+    if stop.reason == "timeout":
+        print(f"racefuzz: error: {stop.detail}", file=sys.stderr)
+        return ExitCode.TIMEOUT
+    print("racefuzz: interrupted", file=sys.stderr)
+    return ExitCode.INTERRUPTED
+
+
+def _save(result, args: argparse.Namespace, report: dict[str, object] | None) -> Path:
+    """Write the counterexample (replay file first) and print its report; to a temporary directory if
+    `--report-dir` cannot be written after all."""
+    from racefuzz.report import save_counterexample
+
+    try:
+        replay_path, text, timeline = save_counterexample(result, args.seed, args.report_dir)
+    except OSError as exc:
+        elsewhere = fallback_dir()
+        print(
+            f"racefuzz: error: cannot write to --report-dir {args.report_dir} ({exc.strerror or exc}); "
+            f"the counterexample goes to {elsewhere}",
+            file=sys.stderr,
+        )
+        replay_path, text, timeline = save_counterexample(result, args.seed, elsewhere)
+    if report is not None:
+        report["replay_file"] = str(replay_path)
+    print(text)
+    for path in timeline:
+        print(f"  timeline: {path}")
+    return replay_path
+
+
+def _write_json(args: argparse.Namespace, report: dict[str, object]) -> bool:
+    """Write the JSON summary if asked for; on failure say so in one line (the report is already printed)."""
+    if args.json is None:
+        return True
+    try:
+        write_text(args.json, json.dumps(report, indent=2) + "\n")
+    except OSError as exc:
+        print(f"racefuzz: error: cannot write --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True

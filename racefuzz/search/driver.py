@@ -31,7 +31,7 @@ from racefuzz.scenarios import Workload, check_hazards
 from racefuzz.schedulers import DEFAULT_STRATEGY, delay_strategy
 from racefuzz.search.corpus import Corpus, corpus_key
 from racefuzz.search.finish import finish_manifested, finish_unordered, search_settings, shrink_alone
-from racefuzz.search.outcome import Flaky, Outcome, SearchResult
+from racefuzz.search.outcome import Flaky, Outcome, SearchResult, explain, judge
 from racefuzz.search.pipeline import Batch, Draw, Example
 
 if TYPE_CHECKING:
@@ -282,7 +282,25 @@ class Search:
             self.last_failing_draw = self.failing_draw
 
     def result(self) -> SearchResult:
-        """Run the phases and finish what they found."""
+        """Run the phases and finish what they found. A stop at a checkpoint (Ctrl-C or the per-example
+        watchdog, `racefuzz.watchdog`) propagates with what was found so far on the exception's `partial`."""
+        try:
+            return self._run_phases()
+        except KeyboardInterrupt as stop:
+            stop.partial = self.partial()  # type: ignore[attr-defined]
+            raise
+
+    def partial(self) -> SearchResult:
+        """What was found so far, not minimized: the latest failure explained, else a racy witness judged."""
+        counterexample = None
+        if self.last_failure is not None:
+            self.corpus.save(self.last_failing_draw or self.failing_draw)  # type: ignore[arg-type]
+            counterexample = explain(self.last_failure, self.backend)
+        elif self.racy_witness is not None:
+            counterexample = judge(self.racy_witness[0], self.design, None, None)
+        return self._summary(counterexample)
+
+    def _run_phases(self) -> SearchResult:
         with _fewer_collections():
             self.replay_saved()
             from_corpus = self.first_failure is not None
@@ -308,6 +326,9 @@ class Search:
             self.corpus.save(draw)
             workloads = self.space.strategy().map(self.space.decode)
             counterexample = finish_unordered(witness, self.design, workloads, self.seed, shrink=self.shrink)
+        return self._summary(counterexample)
+
+    def _summary(self, counterexample: Outcome | None) -> SearchResult:
         detection, manifested = self.first_detection, self.first_manifested
         return SearchResult(
             design=self.design,

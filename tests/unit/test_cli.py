@@ -113,7 +113,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str], message: str)
         (
             '{"format": "racefuzz-replay", "version": 1, "scenario": "sglang-overlap", "design": "none",'
             ' "backend": "sim", "seed": 0, "oracle": "corruption", "workload": {"iterations": -1}, "schedule": {}}',
-            "iterations must be >= 1",
+            "iterations must be in [1, 1024]",
         ),
     ],
 )
@@ -164,7 +164,16 @@ def test_run_with_the_pct_strategy_catches_a_mutant(capsys, tmp_path: Path) -> N
 
 
 def test_exit_codes_are_the_documented_integers() -> None:
-    assert {code.name: int(code) for code in ExitCode} == {"CLEAN": 0, "RACE": 1, "USAGE": 2, "INCONCLUSIVE": 3}
+    assert {code.name: int(code) for code in ExitCode} == {
+        "CLEAN": 0,
+        "RACE": 1,
+        "USAGE": 2,
+        "INCONCLUSIVE": 3,
+        "USER_CODE": 4,
+        "INTERNAL": 5,
+        "TIMEOUT": 6,
+        "INTERRUPTED": 130,
+    }
     import racefuzz.exitcodes
 
     doc = racefuzz.exitcodes.__doc__ or ""

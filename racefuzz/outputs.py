@@ -1,0 +1,70 @@
+"""Where racefuzz writes, checked before any work is done, and where a counterexample goes when that fails.
+
+A search can run for minutes; a race it found must not be lost to an output path that was never usable.
+So every output option (`--report-dir`, `--json`, `--plot`, `--out`, the plugin's `--racefuzz-report-dir`)
+is checked first, creating nothing: the path, or its nearest existing ancestor, must be a writable
+directory (for a file: its parent; an existing file is overwritten, an existing directory is an error).
+If writing still fails later (the disk filled, a directory was removed), `fallback_dir` gives a fresh
+temporary directory and the message says where the files went.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from racefuzz.errors import InvalidArgument
+
+DEFAULT_REPORT_DIR = ".racefuzz"
+"""Where counterexamples go unless `--report-dir` (`--racefuzz-report-dir`) says otherwise: relative, so in the
+directory racefuzz runs in."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    return probe
+
+
+def check_output_dir(path: str | os.PathLike[str], option: str) -> Path:
+    """`path` as a Path if it is, or could be created as, a writable directory; else a one-line InvalidArgument."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise InvalidArgument(f"{option} {path}: exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InvalidArgument(f"{option} {path}: directory is not writable")
+        return path
+    ancestor = _nearest_existing(path.absolute())
+    if not ancestor.is_dir():
+        raise InvalidArgument(f"{option} {path}: cannot be created, {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"{option} {path}: cannot be created, {ancestor} is not writable")
+    return path
+
+
+def check_output_file(path: str | os.PathLike[str], option: str) -> Path:
+    """`path` as a Path if a file can be written there (its directory is created on writing)."""
+    text = os.fspath(path)
+    path = Path(path)
+    if text.endswith(("/", os.sep)) or path.is_dir():
+        raise InvalidArgument(f"{option} {path}: is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InvalidArgument(f"{option} {path}: file is not writable")
+    check_output_dir(path.parent if str(path.parent) else Path("."), option)
+    return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path`, creating its directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def fallback_dir() -> Path:
+    """A fresh temporary directory for a counterexample whose own directory could not be written."""
+    return Path(tempfile.mkdtemp(prefix="racefuzz-"))
