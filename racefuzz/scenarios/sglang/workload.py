@@ -25,7 +25,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "block_size": (1, 64),
     "rows": (1, 256),
     "page_size": (1, 64),
-    "requests": (1, 256),
+    "requests": (0, 256),
     "arrival": (0, 1024),
     "prompt_len": (1, 4096),
     "chunk": (1, 4096),
@@ -62,8 +62,15 @@ class RequestSpec:
         accepts: the DFLASH accept length of each of its decode forwards, each in [1, block_size]; it
             finishes after the last one (and is still in the next, over-scheduled forward). Empty: it
             finishes at its prefill (max_new_tokens=1), still over-scheduled in the next decode forward.
-        rewrite_at: decode steps (0-based) after whose forward the result processing rewrites this
-            request's cached prefix (radix `cache_unfinished_req`) while the next forward is in flight.
+        swa_recovery: with the SWA table (`Workload.swa_window`), the locked-full SWA recovery takes back
+            this request's window slots once, in the decode prep of its second decode step, clearing their
+            `full_to_swa_index_mapping` entries (#29352/#29353: "cache-ownership lifetime race").
+        rewrite_at: non-empty (conventionally `(0,)`, result 0 being its prefill result): processing its
+            prefill result re-caches it (`maybe_cache_unfinished_req`, batch_result_processor.py:242 at
+            `6582fc1e5`), rewriting `R[row, cache_protected_len:prompt_len]` with new slot ids (radix
+            de-duplication's worst case) while its first decode forward reads the row. sglang re-caches
+            every unfinished request after its prefill; leaving it out lets a workload shrink without it.
+            Decode results write nothing to req_to_token, so no other entry has an effect.
     """
 
     arrival: int = 0
@@ -71,6 +78,7 @@ class RequestSpec:
     chunk: int = 64
     accepts: tuple[int, ...] = (1,)
     rewrite_at: tuple[int, ...] = ()
+    swa_recovery: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,7 @@ class Workload:
         block_size: DFLASH block size B (speculative_num_draft_tokens).
         rows: req_to_token rows available to requests (row 0 is the padding row and is never handed out).
         plan_stream: run DFLASH's decode prep (over-allocation) on the plan stream.
-        post_launch_rewrites: honour the requests' `rewrite_at` (result-processing rewrites).
+        post_launch_rewrites: honour the requests' `rewrite_at` (prefill-result re-caching).
         forward_cost_us: duration of each forward's compute (draft and verify each take half).
         page_size: KV page size. Above 1, DFLASH decode prep reads `R[row, cur_alloc - 1]` (`get_last_loc`)
             on its stream before over-allocating (dflash_info_v2.py:203-222); 1 (the default) reads nothing.
@@ -94,6 +102,26 @@ class Workload:
             columns beyond its length are loaded and masked) or "reserved" (backends that plan without CPU
             seq lens: the rectangle up to the batch's largest *allocated* length, `R[rows, 0:max(cur_alloc)]`,
             masked beyond each row's length).
+        cpu_seq_lens: the backends need CPU seq lens (`needs_cpu_seq_lens`, the base default, FA3
+            inherits it): before a decode launch `FutureMap.resolve_seq_lens_cpu` gates the private D2H
+            stream `fwd_prepare_d2h_stream` on `publish_ready`, copies the new seq lens to pinned memory
+            and the host `synchronize()`s that stream (overlap_utils.py:294-299 at `6582fc1e5`): a host
+            wait for the previous forward that #29556 moved off the schedule stream rather than removed.
+        replay_reads: the verify is a CUDA-graph replay that re-reads req_to_token inside the graph
+            (trtllm_mha's in-graph metadata kernel, #31686; a breakable-graph verify, #30261): the replay
+            kernel loads the page table again, after `after_reads` (where `read_done` is recorded before
+            the replay) -- decode_cuda_graph_runner.py:1225-1261 at `8905cbd42` records
+            `read_done_post_replay` for these.
+        swa_window: above 0, the model has a second shared table, `full_to_swa_index_mapping` (SWA models),
+            with this sliding window: the allocations and rewrites of req_to_token also map each new slot
+            on the same stream, the locked-full recovery clears entries (`RequestSpec.swa_recovery`), and
+            the forward translates each row's window `[len - W, len)` in `load_batch` (its page-table
+            build; trtllm_mha per layer inside the graph replay too, with `replay_reads`). sglang:
+            docs/model/sglang-overlap-model.md section 2.4 point 3 and #26380, #29352/#29353, #31687.
+        filter_batch_sync: DFLASH `filter_batch` at #29556 calls `new_indices.cpu()`
+            (dflash_info_v2.py:245 at `6582fc1e5`, removed by #31468 `72c4ed1a3`): a host sync on the
+            schedule stream in decode prep, which stalls the host for the whole previous forward once the
+            schedule stream waits on the forward stream. Costs, not verdicts, are what it changes.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -107,6 +135,10 @@ class Workload:
     launch_prep_us: float = 0.0
     page_size: int = 1
     read_extent: str = "exact"
+    cpu_seq_lens: bool = False
+    replay_reads: bool = False
+    swa_window: int = 0
+    filter_batch_sync: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
@@ -126,6 +158,8 @@ class Workload:
                         raise InvalidArgument(f"workload: request {i} {name} must hold integers, got {item!r}")
         if self.read_extent not in READ_EXTENTS:
             raise InvalidArgument(f"workload: read_extent must be one of {READ_EXTENTS}, got {self.read_extent!r}")
+        if type(self.swa_window) is not int or not 0 <= self.swa_window <= 256:
+            raise InvalidArgument(f"workload: swa_window must be an int in [0, 256], got {self.swa_window!r}")
         if self.iterations < 1:
             raise InvalidArgument(f"workload: iterations must be >= 1, got {self.iterations}")
         if self.block_size < 1:
