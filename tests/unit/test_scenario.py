@@ -241,3 +241,20 @@ def test_host_waits_moved_by_29556_cost_but_order_nothing_new() -> None:
     # as self-event's verify_done.synchronize() does: the wait moved, it was not removed.
     moved = blocked("global-war", filter_batch_sync=True)["schedule_stream"]
     assert moved == pytest.approx(blocked("self-event")["verify_done"], rel=0.05)
+
+
+def test_reports_say_masked_column_and_host() -> None:
+    from racefuzz.backends import executor
+    from racefuzz.report import render
+    from racefuzz.scenarios.sglang import SCENARIO
+    from racefuzz.search import explain, judge
+
+    def report(workload: Workload, design: str) -> str:
+        outcome = explain(judge(workload, load_design(design), Schedule(), executor("sim")), "sim")
+        return render(outcome, design=design, backend="sim", replay_path=None, scenario=SCENARIO)
+
+    masked = report(replace(WIDE, read_extent="rectangle"), "none")
+    assert "masked column: ordering conflict, no corruption" in masked and "host:" not in masked
+    host = report(POST_LAUNCH, "mutant-skip-copy-done")
+    assert "RAW race on output_tokens_cpu" in host and "result_read  on host" in host
+    assert "host: one side is the host itself" in host and "masked column" not in host
