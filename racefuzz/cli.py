@@ -284,23 +284,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except RacefuzzError as exc:
         kind = "error in user code" if isinstance(exc, UserCodeError) else "error"
-        print(f"racefuzz: {kind}: {exc}", file=sys.stderr)
-        if isinstance(exc, UserCodeError) and exc.details:
-            if args.verbose:
-                print(exc.details, file=sys.stderr, end="")
-            else:
-                print("racefuzz: (-v prints the traceback)", file=sys.stderr)
+        details = exc.details if isinstance(exc, UserCodeError) else ""
+        hint = " (-v prints the traceback)" if details and not args.verbose else ""
+        print(f"racefuzz: {kind}: {exc}{hint}", file=sys.stderr)
+        if details and args.verbose:
+            print(details, file=sys.stderr, end="")
         return exc.exit_code
     except KeyboardInterrupt:
         print("racefuzz: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # a bug in racefuzz: say so in one line, the traceback with -v
         message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"racefuzz: internal error: {type(exc).__name__}: {message}", file=sys.stderr)
+        hint = "" if args.verbose else "; a bug in racefuzz, -v prints the traceback to report"
+        print(f"racefuzz: internal error: {type(exc).__name__}: {message}{hint}", file=sys.stderr)
         if args.verbose:
             traceback.print_exc()
-        else:
-            print("racefuzz: this is a bug in racefuzz; -v prints the traceback to report", file=sys.stderr)
         return ExitCode.INTERNAL
 
 

@@ -118,10 +118,11 @@ def lint(design: Design, args: argparse.Namespace) -> None:
     from racefuzz.lint import preflight
 
     findings = preflight(design, args.hazards, plan_stream=args.plan_stream)
+    if findings and args.strict:
+        listed = "; ".join(str(f) for f in findings)
+        raise UserCodeError(f"design {design.spec} fails the lint (--strict): {listed}")
     for finding in findings:
         print(f"racefuzz: warning: design {design.spec}: {finding}", file=sys.stderr)
-    if findings and args.strict:
-        raise UserCodeError(f"design {design.spec}: {len(findings)} lint finding(s) above, errors under --strict")
 
 
 def run_command(args: argparse.Namespace) -> ExitCode:

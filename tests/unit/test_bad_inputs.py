@@ -1,0 +1,290 @@
+"""Every bad input a user can give, through the real CLI (in-process, `racefuzz.cli.main`): each exits with
+its documented code (`racefuzz.exitcodes`), says so in one line on stderr without a traceback, and leaves
+the files already in the report directory byte-identical. The pytest plugin's are in
+tests/plugin/test_plugin_bad_inputs.py; the watchdog's and Ctrl-C's need a process of their own
+(tests/unit/test_stopping.py)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from racefuzz.cli import main
+from racefuzz.exitcodes import ExitCode
+
+USER_DESIGNS = """
+class Raises:
+    name = "raises"
+
+    def after_reads(self, ctx):
+        table = {}
+        return table["read_done"]
+
+
+class WrongSignature:
+    name = "wrong-signature"
+
+    def after_reads(self):
+        pass
+
+
+class NotADesign:
+    pass
+
+
+class MisspeltHook:
+    name = "misspelt"
+
+    def after_read(self, ctx):
+        pass
+
+
+class SelfWait:
+    name = "self-wait"
+
+    def loop_top(self, ctx):
+        ctx.schedule_stream.wait_stream(ctx.schedule_stream)
+
+
+class MisusesTheDevice:
+    name = "misuses"
+
+    def loop_top(self, ctx):
+        ctx.schedule_stream.wait_event("read_done")
+
+
+raises = Raises()
+wrong_signature = WrongSignature()
+not_a_design = NotADesign()
+misspelt = MisspeltHook()
+self_wait = SelfWait()
+misuses = MisusesTheDevice()
+"""
+
+EARLIER = {"earlier.json": '{"kept": true}\n', "earlier.txt": "a report from an earlier run\n"}
+"""Files an earlier run left in the report directory: every case checks they are unchanged."""
+
+
+def _replay(**changes: object) -> str:
+    data: dict[str, object] = {
+        "format": "racefuzz-replay",
+        "version": 1,
+        "racefuzz": "0.1.0",
+        "scenario": "sglang-overlap",
+        "design": "none",
+        "backend": "sim",
+        "seed": 0,
+        "oracle": "corruption",
+        "workload": {"iterations": 2, "requests": [{"arrival": 0, "prompt_len": 4, "chunk": 64, "accepts": [1]}]},
+        "schedule": {},
+    }
+    workload = changes.pop("workload", None)
+    if isinstance(workload, dict):
+        data["workload"] = {**data["workload"], **workload}  # type: ignore[dict-item]
+    data.update(changes)
+    return json.dumps(data)
+
+
+# (id, argv, exit code, a part of the one-line message)
+CASES: list[tuple[str, list[str], int, str]] = [
+    # -- designs
+    ("unknown design", ["run", "--design", "nope"], ExitCode.USAGE, "unknown design 'nope'"),
+    ("design typo", ["run", "--design", "global-wra"], ExitCode.USAGE, "did you mean 'global-war'?"),
+    ("module missing", ["run", "--design", "nosuch.mod:design"], ExitCode.USAGE, "cannot import design module"),
+    ("attribute missing", ["run", "--design", "designs.py:missin"], ExitCode.USAGE, "has no attribute 'missin'"),
+    ("file missing", ["run", "--design", "missing.py:design"], ExitCode.USAGE, "no such file"),
+    ("not a .py file", ["run", "--design", "./notes.txt:design"], ExitCode.USAGE, "is not a .py file"),
+    ("not a design", ["run", "--design", "designs.py:not_a_design"], ExitCode.USAGE, "is not a design"),
+    ("misspelt hook", ["run", "--design", "designs.py:misspelt"], ExitCode.USAGE, "did you mean 'after_reads'?"),
+    ("hook raises", ["run", "--design", "designs.py:raises"], ExitCode.USER_CODE, "hook after_reads raised KeyError"),
+    (
+        "hook signature",
+        ["run", "--design", "designs.py:wrong_signature"],
+        ExitCode.USER_CODE,
+        "hook after_reads cannot be called with 1 argument(s)",
+    ),
+    ("module raises", ["run", "--design", "boom.py:design"], ExitCode.USER_CODE, "RuntimeError: boom (at boom.py:1"),
+    ("device misuse", ["run", "--design", "designs.py:misuses"], ExitCode.USER_CODE, "is not an event of this device"),
+    (
+        "lint --strict",
+        ["run", "--design", "designs.py:self_wait", "--strict"],
+        ExitCode.USER_CODE,
+        "fails the lint (--strict): hook loop_top: schedule_stream.wait_stream(schedule_stream)",
+    ),
+    # -- output paths, checked before any search
+    ("report dir under a file", ["run", "--report-dir", "notes.txt/out"], ExitCode.USAGE, "is not a directory"),
+    ("report dir is a file", ["run", "--report-dir", "notes.txt"], ExitCode.USAGE, "exists and is not a directory"),
+    ("json is a directory", ["run", "--json", ".racefuzz"], ExitCode.USAGE, "is a directory, not a file"),
+    ("json under a file", ["run", "--json", "notes.txt/summary.json"], ExitCode.USAGE, "is not a directory"),
+    ("database is a file", ["run", "--database", "notes.txt"], ExitCode.USAGE, "exists and is not a directory"),
+    ("database object missing", ["run", "--database", "nosuch_mod:db"], ExitCode.USAGE, "--database nosuch_mod:db"),
+    # -- option ranges
+    ("examples 0", ["run", "--examples", "0"], ExitCode.USAGE, "argument --examples"),
+    ("examples text", ["run", "--examples", "many"], ExitCode.USAGE, "argument --examples"),
+    ("examples huge", ["run", "--examples", str(10**9)], ExitCode.USAGE, "up to 100000000"),
+    ("seed negative", ["run", "--seed", "-1"], ExitCode.USAGE, "argument --seed"),
+    ("repeat 0", ["run", "--repeat", "0"], ExitCode.USAGE, "argument --repeat"),
+    ("max delays huge", ["run", "--max-delays", "1000"], ExitCode.USAGE, "argument --max-delays"),
+    ("unknown hazard", ["run", "--hazards", "bogus"], ExitCode.USAGE, "unknown hazard(s)"),
+    ("empty hazards", ["run", "--hazards", ","], ExitCode.USAGE, "unknown hazard(s)"),
+    ("unknown strategy", ["run", "--strategy", "bogus"], ExitCode.USAGE, "argument --strategy"),
+    ("unknown backend", ["run", "--backend", "tpu"], ExitCode.USAGE, "argument --backend"),
+    ("timeout 0", ["run", "--example-timeout", "0"], ExitCode.USAGE, "argument --example-timeout"),
+    ("timeout inf", ["run", "--example-timeout", "inf"], ExitCode.USAGE, "argument --example-timeout"),
+    ("plan stream both", ["run", "--plan-stream", "--no-plan-stream"], ExitCode.USAGE, "not allowed with"),
+    ("unknown option", ["run", "--exmaples", "5"], ExitCode.USAGE, "unrecognized arguments"),
+    ("no command", [], ExitCode.USAGE, "the following arguments are required"),
+    ("unknown command", ["fuzz"], ExitCode.USAGE, "invalid choice"),
+    # -- compare
+    ("host-us inf", ["compare", "--host-us", "inf"], ExitCode.USAGE, "argument --host-us"),
+    ("forward-us nan", ["compare", "--forward-us", "nan"], ExitCode.USAGE, "argument --forward-us"),
+    ("prep-us negative", ["compare", "--prep-us", "-5"], ExitCode.USAGE, "argument --prep-us"),
+    ("one design", ["compare", "--designs", "global-war"], ExitCode.USAGE, "at least two designs"),
+    ("same design twice", ["compare", "--designs", "none,none"], ExitCode.USAGE, "names a design twice"),
+    ("compare json dir", ["compare", "--json", ".racefuzz"], ExitCode.USAGE, "is a directory, not a file"),
+    ("compare plot under file", ["compare", "--plot", "notes.txt/p.png"], ExitCode.USAGE, "is not a directory"),
+    ("workloads 0", ["compare", "--workloads", "0"], ExitCode.USAGE, "argument --workloads"),
+    # -- replay
+    ("replay missing file", ["replay", "missing.json"], ExitCode.USAGE, "cannot read replay file"),
+    ("replay not json", ["replay", "notes.txt"], ExitCode.USAGE, "malformed JSON"),
+    ("replay version string", ["replay", "version-string.json"], ExitCode.USAGE, "(a str, not an integer)"),
+    ("replay iterations 1e9", ["replay", "iterations.json"], ExitCode.USAGE, "iterations must be in [1, 1024]"),
+    ("replay prompt 1e9", ["replay", "prompt.json"], ExitCode.USAGE, "prompt_len must be in [1, 4096]"),
+    ("replay cost inf", ["replay", "cost.json"], ExitCode.USAGE, "forward_cost_us must be microseconds"),
+    ("replay backend", ["replay", "backend.json"], ExitCode.USAGE, '"backend" must be one of sim, cuda'),
+    ("replay seed", ["replay", "seed.json"], ExitCode.USAGE, '"seed" must be an integer'),
+    ("replay delay", ["replay", "delay.json"], ExitCode.USAGE, "delay must be >= 0 microseconds"),
+    ("replay --report-dir", ["replay", "seed.json", "--report-dir", "x"], ExitCode.USAGE, "unrecognized arguments"),
+    ("replay hook raises", ["replay", "hook.json"], ExitCode.USER_CODE, "hook after_reads raised KeyError"),
+    # -- bench
+    ("bench --out scope", ["bench", "engine", "--out", "d"], ExitCode.USAGE, "--out applies to"),
+    ("bench --quick scope", ["bench", "scenario", "--quick"], ExitCode.USAGE, "--quick applies to"),
+    ("bench json dir", ["bench", "mutants", "--json", ".racefuzz"], ExitCode.USAGE, "is a directory, not a file"),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's directory: designs, replay files, a plain file, and a report directory with earlier files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "designs.py").write_text(textwrap.dedent(USER_DESIGNS))
+    (tmp_path / "boom.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "notes.txt").write_text("not json, not a directory\n")
+    replays = {
+        "version-string.json": _replay(version="1"),
+        "iterations.json": _replay(workload={"iterations": 10**9}),
+        "prompt.json": _replay(
+            workload={"requests": [{"arrival": 0, "prompt_len": 10**9, "chunk": 64, "accepts": [1]}]}
+        ),
+        "cost.json": _replay(workload={"forward_cost_us": float("inf")}),
+        "backend.json": _replay(backend="tpu"),
+        "seed.json": _replay(seed=-1),
+        "delay.json": _replay(schedule={"device_delays": {"3": -5.0}}),
+        "hook.json": _replay(design="designs.py:raises"),
+    }
+    for name, text in replays.items():
+        (tmp_path / name).write_text(text)
+    report_dir = tmp_path / ".racefuzz"
+    report_dir.mkdir()
+    for name, text in EARLIER.items():
+        (report_dir / name).write_text(text)
+    return tmp_path
+
+
+def _one_line_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(workdir: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str) -> None:
+    # --quiet and a tiny budget: a case that wrongly got as far as a search still ends fast.
+    if argv[:1] == ["run"]:
+        argv = [*argv, "--quiet", "--examples", "5"] if "--examples" not in argv else [*argv, "--quiet"]
+    returned = run(argv)
+    out, err = capsys.readouterr()
+    line = _one_line_error(err)
+    assert returned == code, (returned, err)
+    assert message in line
+    assert line.startswith("racefuzz: ")
+    assert "Traceback" not in out
+    for name, text in EARLIER.items():
+        assert (workdir / ".racefuzz" / name).read_text() == text
+    assert sorted(p.name for p in (workdir / ".racefuzz").iterdir()) == sorted(EARLIER)
+
+
+def run(argv: list[str]) -> int:
+    """`racefuzz ARGV` as the console script runs it: argparse's own errors end in SystemExit(2)."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return int(exit.code or 0)
+
+
+def test_at_least_forty_cases_each_documented_code_used() -> None:
+    assert len(CASES) >= 40
+    assert {ExitCode.USAGE, ExitCode.USER_CODE} <= {code for _, _, code, _ in CASES}
+
+
+def test_a_verbose_user_code_error_has_the_users_frame(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["run", "--design", "designs.py:raises", "--quiet", "-v"]) == ExitCode.USER_CODE
+    err = capsys.readouterr().err
+    assert "Traceback" in err and 'table["read_done"]' in err  # with -v, the user's own line
+
+
+def test_an_internal_error_is_one_line_and_exit_5(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import racefuzz.lint
+
+    def broken(*args: object, **kwargs: object) -> list[object]:
+        raise RuntimeError("a bug\nover two lines")
+
+    monkeypatch.setattr(racefuzz.lint, "preflight", broken)
+    assert run(["run", "--quiet", "--examples", "5"]) == ExitCode.INTERNAL
+    line = _one_line_error(capsys.readouterr().err)
+    assert "internal error: RuntimeError: a bug | over two lines" in line and "-v prints the traceback" in line
+
+
+def test_a_race_is_kept_when_the_report_dir_fails_after_the_check(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The report dir is checked first; here the check is skipped, as if the directory broke during the search.
+    import racefuzz.commands.run as run_module
+
+    monkeypatch.setattr(run_module, "check_outputs", lambda args: None)
+    argv = ["run", "--design", "none", "--no-control", "--examples", "200", "--quiet", "--database", "none"]
+    assert run([*argv, "--report-dir", "notes.txt/out"]) == ExitCode.RACE
+    out, err = capsys.readouterr()
+    assert "==== racefuzz:" in out and "RACE FOUND" in out  # the report is printed
+    line = _one_line_error(err)
+    fallback = Path(line.rsplit("the counterexample goes to ", 1)[1])
+    assert list(fallback.glob("none-*.json")), "the replay file is in the temporary directory"
+
+
+def test_a_clean_run_with_an_unwritable_json_is_a_usage_error_not_a_race(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import racefuzz.commands.run as run_module
+
+    monkeypatch.setattr(run_module, "check_outputs", lambda args: None)
+    argv = ["run", "--design", "war-after-launch", "--examples", "30", "--quiet", "--database", "none"]
+    assert run([*argv, "--json", "notes.txt/summary.json"]) in (ExitCode.USAGE, ExitCode.INCONCLUSIVE)
+    assert "cannot write --json" in capsys.readouterr().err
+
+
+def test_replaying_a_cuda_file_without_a_gpu_suggests_the_simulator(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from racefuzz.backends import cuda_unavailable_reason
+
+    if cuda_unavailable_reason() is None:
+        pytest.skip("a GPU is usable here")
+    (workdir / "cuda.json").write_text(_replay(backend="cuda"))
+    assert run(["replay", "cuda.json"]) == ExitCode.USAGE
+    assert "replay it on the simulator with --backend sim" in _one_line_error(capsys.readouterr().err)
