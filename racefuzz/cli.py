@@ -279,7 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports numpy and Hypothesis: a Ctrl-C may land here
+    except KeyboardInterrupt:
+        print("racefuzz: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     try:
         return _dispatch(args)
     except RacefuzzError as exc:
