@@ -1,5 +1,7 @@
 """What a traced step did, in host order: launches with their byte intervals, stream and event operations,
-host syncs. Pure data (no torch), written by the recorders and read by `convert` and the report.
+host syncs. Pure data (no torch), written by the recorders and read by `convert` and the report. Ops are
+NamedTuples, as the IR's: a recorder makes one per torch op, and a frozen dataclass costs several times
+more to construct.
 
 Streams and events are named by strings that are stable across runs of the same step (the name the step
 gave them, else the order in which the recorder first saw them), so that a delay point or a launch of one
@@ -9,6 +11,7 @@ run names the same thing in another.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from racefuzz.trace.intervals import Interval
 
@@ -46,16 +49,14 @@ class Storage:
         return f"{self.name}[{start // size}:{end // size}] (flat)"
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     """The bytes one launch touched in one storage, as sorted, merged intervals."""
 
     storage: int
     intervals: tuple[Interval, ...]
 
 
-@dataclass(frozen=True)
-class TraceLaunch:
+class TraceLaunch(NamedTuple):
     """One kernel (a torch op, a Triton or CuPy kernel, a host access, a free) as the step issued it.
 
     Args:
@@ -82,8 +83,7 @@ class TraceLaunch:
         return f"#{self.index} {self.kernel} on {self.stream}{where}"
 
 
-@dataclass(frozen=True)
-class TraceRecord:
+class TraceRecord(NamedTuple):
     """`event.record(stream)`."""
 
     index: int
@@ -91,8 +91,7 @@ class TraceRecord:
     stream: str
 
 
-@dataclass(frozen=True)
-class TraceWait:
+class TraceWait(NamedTuple):
     """`stream.wait_event(event)` (and the wait half of `stream.wait_stream(other)`)."""
 
     index: int
@@ -100,24 +99,21 @@ class TraceWait:
     event: str
 
 
-@dataclass(frozen=True)
-class TraceStreamSync:
+class TraceStreamSync(NamedTuple):
     """The host blocked until `stream` drained (`stream.synchronize()`, `.item()`, a blocking copy)."""
 
     index: int
     stream: str
 
 
-@dataclass(frozen=True)
-class TraceEventSync:
+class TraceEventSync(NamedTuple):
     """The host blocked until the latest record of `event` completed."""
 
     index: int
     event: str
 
 
-@dataclass(frozen=True)
-class TraceDeviceSync:
+class TraceDeviceSync(NamedTuple):
     """`torch.cuda.synchronize()`."""
 
     index: int

@@ -203,11 +203,14 @@ class Recorder:
     # --- storages ----------------------------------------------------------------------------------
 
     def _storage(self, tensor: Any, origin: str) -> int:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
+        # The storage's base address without making a storage object (the common case: a known storage).
+        ptr = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
         epoch = self._epochs.get(ptr, 0)
         key = self._keys.get((ptr, epoch))
         if key is None:
+            storage = tensor.untyped_storage()
+            ptr = storage.data_ptr()
+            epoch = self._epochs.get(ptr, 0)
             key = len(self._keys)
             self._keys[(ptr, epoch)] = key
             name = self._given_names.get(ptr) or f"tmp{key} ({origin})"
@@ -218,6 +221,12 @@ class Recorder:
         return key
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+        if len(tensors) == 1 and tensors[0].is_contiguous():  # the common case, without the merging
+            tensor = tensors[0]
+            size = tensor.element_size()
+            start = tensor.storage_offset() * size
+            count = tensor.numel()
+            return (Access(self._storage(tensor, origin), ((start, start + count * size),)),) if count else ()
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
             key = self._storage(tensor, origin)
@@ -287,6 +296,8 @@ class Recorder:
         return result
 
     def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
+        if not self.snapshot_plan and self.snapshot_plan is not None and not self.serialize:
+            return  # a trace-only run: nothing to copy, nothing to wait for
         self.paused += 1
         try:
             if self.snapshot_plan is None:

@@ -261,3 +261,14 @@ def test_a_failure_that_does_not_replay_is_still_reported():
 
     delays, found, _ = search_delays(points, attempt, examples=50, max_delays=2, seed=3)
     assert found == "manifested" and delays
+
+
+def test_watch_selects_the_launches_that_touch_the_watched_tensors():
+    from racefuzz.trace.search import launch_points, watched_ordinals
+
+    reference = run_once(overlap, "cpu", serialize=True)
+    chosen = watched_ordinals(reference, ["req_to_token"])
+    kernels = [reference.trace.ops[reference.launch_ops[i]].kernel for i in sorted(chosen)]
+    assert kernels[0] == "aten.zeros.default" and any(k.startswith("aten.fill_") for k in kernels)
+    assert watched_ordinals(reference, []) is None
+    assert launch_points(reference)[:2] == [("default", 0), ("forward", 0)]
