@@ -36,7 +36,7 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 
 def trace_command(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.trace.report import render, write_replay
+    from racefuzz.trace.report import render, report_stem, write_replay, write_timeline
     from racefuzz.trace.search import fuzz
 
     if args.replay is not None:
@@ -61,6 +61,8 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     replay_path = write_replay(result, args.report_dir, tuple(args.watch)) if result.divergence else None
     print(render(result, replay_path))
     if result.racy:
+        written = write_timeline(result, report_stem(result, args.report_dir))
+        print("timeline (host issue order): " + ", ".join(str(p) for p in written))
         return ExitCode.RACE
     if control_caught is False:
         return ExitCode.INCONCLUSIVE

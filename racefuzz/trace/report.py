@@ -7,6 +7,11 @@ and the value oracle's verdict with its shrunk delay points and the command that
 
 The replay file (JSON, format `racefuzz-trace-replay`) names the step as `module:function`, the device,
 the watched tensors and the delay points; `racefuzz trace --replay FILE` re-runs it.
+
+The timeline (`write_timeline`: a Perfetto/Chrome trace and a PNG, through `racefuzz.timeline`) shows the
+reference trace in host issue order, one track per stream: one unit per op, not measured time (a traced
+run records no device timestamps), with the delay points as spins and the first race's two launches
+flagged.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from racefuzz.trace.model import HOST
 from racefuzz.trace.search import DelayPoint, TraceResult
 
 FORMAT = "racefuzz-trace-replay"
@@ -63,9 +69,9 @@ def replay_json(result: TraceResult, watch: tuple[str, ...] = ()) -> dict[str, o
 
 
 def write_replay(result: TraceResult, directory: str | os.PathLike[str], watch: tuple[str, ...] = ()) -> Path:
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    target = path / f"trace-{result.step.replace(':', '.').replace('<', '').replace('>', '')}.json"
+    stem = report_stem(result, directory)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    target = stem.parent / f"{stem.name}.json"
     target.write_text(json.dumps(replay_json(result, watch), indent=2) + "\n")
     return target
 
@@ -77,3 +83,45 @@ def load_replay(path: str | os.PathLike[str]) -> tuple[str, str, tuple[str, ...]
         raise ValueError(f"{path}: not a racefuzz trace replay file")
     delays = [(str(d["stream"]), int(d["launch"]), float(d["us"])) for d in data["delays"]]
     return str(data["step"]), str(data["device"]), tuple(data.get("watch", ())), delays
+
+
+def write_timeline(result: TraceResult, stem: Path) -> list[Path]:
+    """Write `<stem>.trace.json` and `<stem>.png` (with matplotlib) of the reference trace (see the module
+    doc); returns what was written."""
+    from racefuzz.backends import HOST as HOST_TRACK
+    from racefuzz.backends import Execution, Span
+    from racefuzz.program import DeviceSync, EventSync, Launch, StreamSync
+    from racefuzz.timeline import write_png, write_trace
+    from racefuzz.trace.convert import to_program
+
+    program = to_program(result.reference.trace).program
+    delayed = {(stream, n): us for stream, n, us in result.delays}
+    launches_on: dict[str, int] = {}
+    spans = []
+    for op in program.ops:
+        if isinstance(op, Launch):
+            stream = op.stream.name
+            n = launches_on.get(stream, 0)
+            launches_on[stream] = n + 1
+            track = HOST_TRACK if stream == HOST else stream
+            if (stream, n) in delayed:
+                spans.append(
+                    Span(op.index, track, "spin", op.index - 0.5, op.index, f"delay {delayed[stream, n]:g} us")
+                )
+            spans.append(Span(op.index, track, "kernel", op.index, op.index + 0.9, op.kernel))
+        elif isinstance(op, (StreamSync, EventSync, DeviceSync)):
+            spans.append(Span(op.index, HOST_TRACK, "sync", op.index, op.index + 0.9, type(op).__name__))
+    execution = Execution(observations={}, timeline=spans, host_end_us=float(len(program.ops)))
+    race = result.races[0].race if result.races else None
+    title = f"racefuzz trace: {result.step} ({result.device}), host issue order (one unit per op, not time)"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = [write_trace(stem.parent / f"{stem.name}.trace.json", execution, race, title)]
+    png = write_png(stem.parent / f"{stem.name}.png", execution, race, title)
+    if png is not None:
+        written.append(png)
+    return written
+
+
+def report_stem(result: TraceResult, directory: str | os.PathLike[str]) -> Path:
+    """Where a result's files go: `<directory>/trace-<module.function>`."""
+    return Path(directory) / f"trace-{result.step.replace(':', '.').replace('<', '').replace('>', '')}"

@@ -239,6 +239,10 @@ def test_the_trace_command_exits_1_on_a_race_and_0_beside_a_caught_control(capsy
     code = trace_cli(["racefuzz.trace.example:racy_step", "--device", "cpu", "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1 and "RACE" in out and "req_to_token[1, 0:8]" in out
+    trace = json.loads((tmp_path / "trace-racefuzz.trace.example.racy_step.trace.json").read_text())
+    flagged = [e for e in trace["traceEvents"] if e.get("args", {}).get("conflict")]
+    assert sorted(e["name"] for e in flagged) == ["aten.fill_.Tensor", "aten.index.Tensor"]
+    assert (tmp_path / "trace-racefuzz.trace.example.racy_step.png").exists()
     clean = trace_cli(
         ["racefuzz.trace.example:synced_step", "--device", "cpu", "--control", "racefuzz.trace.example:racy_step"]
     )
