@@ -107,9 +107,8 @@ def lint_program(program: Program, spans: _Spans, waited: set[str], recorded_in:
         elif isinstance(op, WaitStream) and op.stream == op.other:
             hook = spans.hook_of(op.index)
             if hook is not None:
-                findings.add(
-                    Finding(hook, f"{op.stream.name}.wait_stream({op.other.name}): a stream waiting on itself")
-                )
+                call = f"{op.stream.name}.wait_stream({op.other.name})"
+                findings.add(Finding(hook, f"{call}: a stream waiting on itself (a no-op in CUDA)"))
     return findings
 
 

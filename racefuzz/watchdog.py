@@ -70,11 +70,16 @@ def stop_requested() -> str | None:
     return _state.requested
 
 
+def request_stop(reason: str = "interrupt") -> None:
+    """Ask for a stop at the next checkpoint, as Ctrl-C does (for a caller's own signal or condition)."""
+    _state.requested = reason
+
+
 def _on_sigint(signum: int, frame: object) -> None:
     if _state.requested is not None:  # the second Ctrl-C: at once, wherever the main thread is
         signal.signal(signal.SIGINT, signal.default_int_handler)
         raise KeyboardInterrupt
-    _state.requested = "interrupt"
+    request_stop("interrupt")
     print("racefuzz: stopping at the next example (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
 
