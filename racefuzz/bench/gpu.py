@@ -363,7 +363,12 @@ among all unordered launch pairs: `war-after-launch` has no race, so `orders` wo
 GOALS = {"spin": (GOAL_EXAMPLES_PER_S, GOAL_OVERHEAD), "gates": (GOAL_GATES_EXAMPLES_PER_S, GOAL_GATES_OVERHEAD)}
 
 
-def run(examples: int = EXAMPLES, repeats: int = REPEATS, rows: tuple[str, ...] | None = None) -> dict[str, Any]:
+def run(
+    examples: int = EXAMPLES,
+    repeats: int = REPEATS,
+    rows: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
     """Measure (see the module docstring); a JSON-able dict. `BackendUnavailable` without a usable GPU."""
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
@@ -390,7 +395,7 @@ def run(examples: int = EXAMPLES, repeats: int = REPEATS, rows: tuple[str, ...] 
         if rows is not None and label not in rows:
             continue
         measured = []
-        for seed in range(repeats):
+        for seed in seeds if seeds is not None else range(repeats):
             measured.append(_one_run(examples, seed, fixed, batch, overlap, strategy))
             # Progress on stderr, so that a run cut short still leaves its figures in the log.
             print(f"iterations {label}: {measured[-1][0]}", file=sys.stderr, flush=True)
@@ -469,3 +474,50 @@ def render(results: dict[str, Any]) -> str:
             f"{b['happens_before_oracle_us']:.0f}); plain replay {b['plain_replay_us']:.0f} us"
         )
     return "\n".join(lines)
+
+
+def mutant_with_gates(name: str, examples: int = 300, seed: int = 0) -> dict[str, Any]:
+    """One mutant searched on the GPU with forced orders alone (strategy `orders`, no spin, k=K), as
+    `racefuzz bench mutants --backend cuda` searches it with delays; then its counterexample replayed in
+    fresh runs, once (1/1) and K times (K/K). A JSON-able row."""
+    from racefuzz.scenarios import get_scenario
+    from racefuzz.search import judge, reproduces
+
+    mutant = get_scenario().mutants()[name]
+    design = load_design(name)
+    hazards = tuple(getattr(mutant, "hazards", HAZARDS))
+    options = {} if getattr(mutant, "plan_stream", None) is None else {"plan_stream": mutant.plan_stream}
+    run_program = cuda.CudaExecutor()
+    result = search(
+        design,
+        run_program,
+        backend="cuda",
+        examples=examples,
+        seed=seed,
+        hazards=hazards,
+        strategy="orders",
+        repeat=K,
+        **options,
+    )
+    row: dict[str, Any] = {
+        "mutant": name,
+        "equivalent": getattr(mutant, "equivalent", None),
+        "caught": result.found,
+        "oracle": result.counterexample.oracle if result.counterexample else None,
+        "examples_to_detect": result.first_detection_example,
+        "seconds_to_detect": result.first_detection_seconds,
+        "examples_to_manifest": result.first_manifested_example,
+        "seconds_to_manifest": result.first_manifested_seconds,
+        "search_s": result.seconds,
+    }
+    c = result.counterexample
+    if c is not None and c.oracle == "corruption":
+        row["schedule"] = c.schedule.to_json()
+        row["workload"] = c.workload.to_json()  # type: ignore[attr-defined]
+        row["inverted_orders"] = sum(a > b for a, b in c.schedule.orders)
+        row["delays"] = c.schedule.nonzero_delays
+        row["replayed_1_of_1"] = bool(judge(c.workload, design, c.schedule, cuda.CudaExecutor()).corruptions)
+        row[f"replayed_{K}_of_{K}"] = reproduces(
+            judge(c.workload, design, c.schedule, cuda.CudaExecutor()), run_program, K
+        )
+    return row
