@@ -115,6 +115,9 @@ class Recorder:
         delays: (stream, n) -> microseconds to spin on `stream` before its n-th launch (0-based).
         snapshot_plan: ordinal -> the snapshots to take after that launch; None: take one per write
             (the reference run, which makes the plan for the fuzzed runs).
+        run_kernels: False records Triton / CuPy / `launch_kernel` launches from their annotations without
+            running them: the happens-before trace of GPU code on a machine that cannot run its kernels
+            (values are then meaningless; torch ops still run).
     """
 
     def __init__(
@@ -125,8 +128,10 @@ class Recorder:
         serialize: bool = False,
         delays: Mapping[tuple[str, int], float] | None = None,
         snapshot_plan: Mapping[int, list[Snapshot]] | None = None,
+        run_kernels: bool = True,
     ) -> None:
         self.device = device
+        self.run_kernels = run_kernels
         self.on_gpu = device.startswith("cuda")
         self.evaluate_annotations = evaluate_annotations
         self.serialize = serialize
@@ -443,6 +448,8 @@ class Recorder:
         """A launch with named arguments (Triton, CuPy): sets from the kernel's annotation, else the default."""
         import torch
 
+        if not self.run_kernels:
+            call = _not_run
         tensors = {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
         spec = annotation(kernel)
         if spec is None:
@@ -460,6 +467,10 @@ class Recorder:
         finally:
             self.paused -= 1
         return self.launch(kernel, kind, call, reads, writes)
+
+
+def _not_run() -> None:
+    """A kernel launch a `run_kernels=False` recorder records but does not run."""
 
 
 def _regions(bound: Mapping[str, Any], name: str, how: object) -> list[Any]:

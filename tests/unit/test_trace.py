@@ -276,3 +276,20 @@ def test_watch_selects_the_launches_that_touch_the_watched_tensors():
     assert kernels[0] == "aten.zeros.default" and any(k.startswith("aten.fill_") for k in kernels)
     assert watched_ordinals(reference, []) is None
     assert launch_points(reference)[:2] == [("default", 0), ("forward", 0)]
+
+
+def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_it(annotated):
+    def explode(**_):
+        raise AssertionError("a run_kernels=False recorder must not run the kernel")
+
+    def step(env):
+        table = env.name(torch.zeros(4, 16, dtype=torch.int32), "req_to_token")
+        with env.use(env.stream("forward")):
+            launch_kernel(
+                "gather_rows", explode, table=table, indices=torch.tensor([2]), lengths=torch.tensor([3]), out=None
+            )
+
+    trace = run_once(step, "cpu", serialize=True, run_kernels=False).trace
+    (launch,) = [op for op in trace.launches if op.kernel == "gather_rows"]
+    table_read = launch.reads[0]
+    assert trace.storages[table_read.storage].describe(*table_read.intervals[0]) == "req_to_token[2, 0:3]"
