@@ -31,6 +31,12 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     trace.add_argument("--watch", action="append", default=[], help="a tensor name the oracle watches (repeatable)")
     trace.add_argument("--seed", type=int, help="Hypothesis seed (default: derandomized)")
     trace.add_argument("--report-dir", type=Path, default=Path(".racefuzz"), help="where replay files go")
+    trace.add_argument(
+        "--no-run-kernels",
+        dest="run_kernels",
+        action="store_false",
+        help="with --device cpu: record Triton/CuPy launches from their annotations without running them",
+    )
     trace.add_argument("--replay", type=Path, help="re-run this trace replay file instead of searching")
     trace.add_argument("--repeat", type=int, default=3, help="with --replay: runs (default 3)")
 
@@ -44,6 +50,8 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     if not args.step:
         raise InvalidArgument("racefuzz trace needs a step (module:function) or --replay FILE")
     step = _load(args.step)
+    if not args.run_kernels and args.device != "cpu":
+        raise InvalidArgument("--no-run-kernels needs --device cpu (on a GPU the kernels run)")
     options = dict(
         device=args.device,
         watch=tuple(args.watch),
@@ -51,6 +59,7 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
         max_delays=args.max_delays,
         confirm=args.confirm,
         seed=args.seed,
+        run_kernels=args.run_kernels,
     )
     control_caught = None
     if args.control:

@@ -222,10 +222,17 @@ def fuzz(
     confirm: int = 3,
     seed: int | None = None,
     delays_us: Sequence[float] = DELAYS_US,
+    run_kernels: bool = True,
 ) -> TraceResult:
-    """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it."""
+    """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it.
+
+    `run_kernels=False` (CPU only) records Triton / CuPy launches from their annotations without running
+    them: the happens-before verdict of GPU code on a machine without a GPU.
+    """
     device = resolve_device(device)
-    reference = run_once(step, device, serialize=True)
+    if not run_kernels and device != "cpu":
+        raise ValueError("run_kernels=False is for CPU recording: on a GPU the kernels run")
+    reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
     races = find_trace_races(reference.trace)
     result = TraceResult(step_name(step), device, reference, races)
     if device == "cpu":
