@@ -293,3 +293,27 @@ def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_
     (launch,) = [op for op in trace.launches if op.kernel == "gather_rows"]
     table_read = launch.reads[0]
     assert trace.storages[table_read.storage].describe(*table_read.intervals[0]) == "req_to_token[2, 0:3]"
+
+
+def test_a_replay_file_reruns_its_step_with_its_delays(tmp_path, capsys):
+    from racefuzz.errors import ReplayError
+
+    path = tmp_path / "replay.json"
+    path.write_text(
+        json.dumps(
+            {
+                "format": "racefuzz-trace-replay",
+                "version": 1,
+                "step": "racefuzz.trace.example:racy_step",
+                "device": "cpu",
+                "watch": ["req_to_token"],
+                "delays": [{"stream": "forward", "launch": 0, "us": 5000.0}],
+            }
+        )
+    )
+    # On the CPU the run is eager: the delays are applied (recorded) but cannot reorder anything.
+    assert trace_cli(["--replay", str(path), "--repeat", "2"]) == 0
+    assert "reproduced in 0/2 run(s)" in capsys.readouterr().out
+    path.write_text(json.dumps({"format": "racefuzz-replay"}))
+    with pytest.raises(ReplayError, match="not a racefuzz trace replay file"):
+        trace_cli(["--replay", str(path)])
