@@ -48,18 +48,21 @@ class Expected:
 
 
 EXPECTED: dict[str, Expected] = {
-    "mutant-plan-no-wait-schedule": Expected(50, 50, 1000, 47),
-    "mutant-plan-exit-self-wait": Expected(50, 50, 200, 49),
-    "mutant-read-done-early": Expected(50, 50, 500, 49),
-    "mutant-reused-read-done": Expected(50, 50, 200, 50),
+    "mutant-plan-no-wait-schedule": Expected(50, 50, 1000, 42),
+    "mutant-plan-exit-self-wait": Expected(50, 50, 1000, 50),
+    "mutant-read-done-early": Expected(50, 50, 1000, 44),
+    "mutant-reused-read-done": Expected(50, 50, 1000, 50),
     "mutant-headroom-one-block": Expected(50, 50, None, 0),  # the allocation oracle: no write races the read
-    "mutant-barrier-decode-only": Expected(50, 50, 200, 50),
-    "mutant-wait-previous-event": Expected(50, 50, 100, 50),
-    "mutant-barrier-wrong-stream": Expected(50, 50, 100, 50),
-    "mutant-read-done-on-schedule-stream": Expected(50, 50, 100, 50),
-    "mutant-18744-recycled-row": Expected(300, 50, 1000, 50),
-    "mutant-31687-loop-top-barrier": Expected(50, 50, 100, 50),
-    "mutant-28034-plan-overwrite": Expected(50, 50, 200, 50),
+    "mutant-skip-copy-done": Expected(50, 50, 100, 50),
+    "mutant-barrier-decode-only": Expected(50, 50, 1000, 50),
+    "mutant-wait-previous-event": Expected(300, 50, 1000, 36),
+    "mutant-barrier-wrong-stream": Expected(50, 50, 200, 50),
+    "mutant-read-done-on-schedule-stream": Expected(50, 50, 1000, 50),
+    "mutant-18744-recycled-row": Expected(300, 50, 1000, 44),
+    "mutant-31687-loop-top-barrier": Expected(50, 50, 1000, 50),
+    "mutant-28034-plan-overwrite": Expected(50, 50, 1000, 50),
+    "mutant-30261-read-done-before-replay": Expected(50, 50, 100, 50),
+    "mutant-29352-swa-fast-path": Expected(50, 50, 1000, 50),
 }
 EQUIVALENT_BUDGET = 300
 """Examples per seed under which the equivalent mutant must stay clean (it did over 50 seeds x 1000)."""
