@@ -83,8 +83,13 @@ def prove_command(args: argparse.Namespace) -> int:
         code = _prove_mutants(args, scenario, results)
     else:
         design = load_design(args.design or scenario.default_design)
-        proof = prove(design, hazards=hazards, **_bound(args))  # type: ignore[arg-type]
-        control = prove(load_design(scenario.control_design), hazards=hazards, **_bound(args))  # type: ignore[arg-type]
+        # A mutant states the hazards and plan stream its bug needs; an explicit --hazards wins.
+        if args.hazards is None and getattr(design.hooks, "hazards", None):
+            hazards = tuple(design.hooks.hazards)
+        plan_stream = getattr(design.hooks, "plan_stream", None)
+        options = {} if plan_stream is None else {"plan_stream": plan_stream}
+        proof = prove(design, hazards=hazards, **_bound(args, **options))  # type: ignore[arg-type]
+        control = prove(load_design(scenario.control_design), hazards=hazards, **_bound(args, **options))  # type: ignore[arg-type]
         results.update(design=proof.to_json(), control=control.to_json())
         _say(_line(proof))
         _say(f"negative control {scenario.control_design}: {control.racing:,} of {control.workloads:,} workloads race")
