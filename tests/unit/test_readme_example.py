@@ -1,7 +1,7 @@
 """The README's "Guard your sync refactor" example, verbatim, from a temporary directory: its design file,
 its `racefuzz run` commands (as the console script runs them: the working directory is not on the import
 path), the racy variant it describes with its replay, and the figure it quotes. The pytest half is in
-tests/plugin/test_readme_example.py."""
+tests/plugin/test_plugin_readme_example.py."""
 
 from __future__ import annotations
 
