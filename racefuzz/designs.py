@@ -128,12 +128,18 @@ def _split_spec(spec: str) -> tuple[Path | None, str, str]:
     return None, module_name, attr
 
 
-def _import_module(module_name: str):
+def _working_directory_on_path() -> str:
     # The console script does not put the working directory on the import path (`python -m` does): a design
-    # beside the user (`racefuzz run --design mypkg.sync:design`) must import as it does in their tests.
+    # beside the user (`racefuzz run --design mypkg.sync:design`, or a file importing `mypkg`) must import
+    # as it does in their tests.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    return cwd
+
+
+def _import_module(module_name: str):
+    cwd = _working_directory_on_path()
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
@@ -159,6 +165,7 @@ def _import_file(path: Path, spec: str):
     if path.suffix != ".py":
         raise InvalidArgument(f"design {spec!r}: {str(path)!r} is not a .py file")
     resolved = path.resolve()
+    _working_directory_on_path()
     # One module per file, under a name that cannot clash with the user's packages.
     name = "racefuzz_design_" + "".join(c if c.isalnum() else "_" for c in str(resolved))
     if name in sys.modules:
@@ -211,20 +218,32 @@ class GuardedHooks:
     """A user design's hooks, each turning an exception into a one-line `UserCodeError` that names the hook and
     the user's own frame (the full traceback in `details`); every other attribute is the design's own.
 
+    `first_error` keeps the first such error: inside a Hypothesis search a hook that raised once and not when
+    Hypothesis re-ran the example is reported as flaky there and could be lost; callers re-raise it after
+    the search (`raise_hook_error`).
+
     Built-in designs are not wrapped: an exception in one is a bug in racefuzz."""
 
     def __init__(self, design: object, spec: str, hook_names: tuple[str, ...]) -> None:
         self.design = design
+        self.first_error: UserCodeError | None = None
         for name in hook_names:
             hook = getattr(design, name, None)
             if hook is not None:
-                setattr(self, name, _guard(hook, name, spec))
+                setattr(self, name, _guard(hook, name, spec, self))
 
     def __getattr__(self, name: str) -> object:  # only called for what __init__ did not set
         return getattr(self.design, name)
 
 
-def _guard(hook: Callable[..., object], name: str, spec: str) -> Callable[..., object]:
+def raise_hook_error(design: Design) -> None:
+    """Raise the first error a user design's hook raised, if any (see `GuardedHooks.first_error`)."""
+    error = getattr(design.hooks, "first_error", None) if isinstance(design.hooks, GuardedHooks) else None
+    if error is not None:
+        raise error
+
+
+def _guard(hook: Callable[..., object], name: str, spec: str, owner: GuardedHooks) -> Callable[..., object]:
     doing = f"hook {name} of design {spec}"
 
     def guarded(*args: object, **kwargs: object) -> object:
@@ -234,23 +253,34 @@ def _guard(hook: Callable[..., object], name: str, spec: str) -> Callable[..., o
         except UserCodeError:
             raise
         except Exception as exc:
-            where = _user_frame(exc)
-            if isinstance(exc, TypeError) and not where:
-                try:
-                    inspect.signature(hook).bind(*args, **kwargs)
-                except TypeError:  # the call itself failed: the hook's signature is wrong
-                    raise UserCodeError(
-                        f"design {spec}: hook {name} cannot be called with {len(args)} argument(s): "
-                        f"{_one_line(exc)}{_defined_at(hook)}",
-                        traceback.format_exc(),
-                    ) from None
-                except ValueError:  # no signature to check (a builtin)
-                    pass
-            raise UserCodeError(
-                f"design {spec}: hook {name} raised {type(exc).__name__}: {_one_line(exc)}{where or _defined_at(hook)}",
-                traceback.format_exc(),
-            ) from None
+            error = _user_code_error(exc, hook, name, spec, args, kwargs)
+            if owner.first_error is None:
+                owner.first_error = error
+            raise error from None
 
     guarded.__name__ = name
     guarded.__wrapped__ = hook  # type: ignore[attr-defined]
     return guarded
+
+
+def _user_code_error(
+    exc: Exception, hook: Callable[..., object], name: str, spec: str, args: tuple, kwargs: dict
+) -> UserCodeError:
+    """The one-line error for `exc`, raised by the hook `name` or by calling it (a wrong signature)."""
+    details = "".join(traceback.format_exception(exc))
+    where = _user_frame(exc)
+    if isinstance(exc, TypeError) and not where:
+        try:
+            inspect.signature(hook).bind(*args, **kwargs)
+        except TypeError:  # the call itself failed: the hook's signature is wrong
+            return UserCodeError(
+                f"design {spec}: hook {name} cannot be called with {len(args)} argument(s): "
+                f"{_one_line(exc)}{_defined_at(hook)}",
+                details,
+            )
+        except ValueError:  # no signature to check (a builtin)
+            pass
+    return UserCodeError(
+        f"design {spec}: hook {name} raised {type(exc).__name__}: {_one_line(exc)}{where or _defined_at(hook)}",
+        details,
+    )

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from racefuzz.backends import executor, resolve_backend
-from racefuzz.designs import Design, load_design
+from racefuzz.designs import Design, load_design, raise_hook_error
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
@@ -145,6 +145,7 @@ def assert_race_free(
                 f"{caught.examples} examples on {backend}; widen the hazards or raise the examples"
             )
     result = _search(target, config, backend, hazards, workload_options, shrink=True)
+    raise_hook_error(target)  # a hook that raised once inside the search, even if not again
     if result.found:
         try:
             path, text, _ = save_counterexample(result, config.seed, config.report_dir)
@@ -221,4 +222,8 @@ def assert_no_new_race(
                 f"{sorted(added)[:3]} on workload {workload.to_json()}"
             )
 
-    no_new_race()
+    try:
+        no_new_race()
+    finally:
+        raise_hook_error(new_design)
+        raise_hook_error(old_design)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.designs import Design, load_design
+from racefuzz.designs import Design, load_design, raise_hook_error
 from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
 from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
@@ -161,6 +161,7 @@ def run_command(args: argparse.Namespace) -> ExitCode:
                 else:
                     print(f"negative control `{control_name}`: NOT caught in {control.examples} examples", flush=True)
             result = run_search(design, args, backend, run)
+            raise_hook_error(design)  # a hook that raised once inside the search, even if not again
             stopped = stop_requested()  # a Ctrl-C after the last checkpoint: the run finished, then say so
     except StopRequested as stop:
         return _stopped(stop, args)

@@ -56,7 +56,29 @@ class MisusesTheDevice:
         ctx.schedule_stream.wait_event("read_done")
 
 
+class RaisesOnce:
+    # Race-free (the README's barrier), but its hook raises on its 300th call only: inside the search,
+    # where Hypothesis' re-run of the example does not raise again.
+
+    name = "raises-once"
+    calls = 0
+
+    def after_reads(self, ctx):
+        RaisesOnce.calls += 1
+        if RaisesOnce.calls == 300:
+            raise ValueError("once")
+        ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
+
+    def after_launch(self, ctx):
+        read_done = ctx.state.pop("read_done", None)
+        if read_done is not None:
+            ctx.schedule_stream.wait_event(read_done)
+        else:
+            ctx.schedule_stream.wait_stream(ctx.forward_stream)
+
+
 raises = Raises()
+raises_once = RaisesOnce()
 wrong_signature = WrongSignature()
 not_a_design = NotADesign()
 misspelt = MisspeltHook()
@@ -105,6 +127,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
         ["run", "--design", "designs.py:wrong_signature"],
         ExitCode.USER_CODE,
         "hook after_reads cannot be called with 1 argument(s)",
+    ),
+    (
+        "hook raises once in the search",
+        ["run", "--design", "designs.py:raises_once", "--no-control", "--examples", "400", "--database", "none"],
+        ExitCode.USER_CODE,
+        "hook after_reads raised ValueError: once (at designs.py:",
     ),
     ("module raises", ["run", "--design", "boom.py:design"], ExitCode.USER_CODE, "RuntimeError: boom (at boom.py:1"),
     ("device misuse", ["run", "--design", "designs.py:misuses"], ExitCode.USER_CODE, "is not an event of this device"),
@@ -288,3 +316,13 @@ def test_replaying_a_cuda_file_without_a_gpu_suggests_the_simulator(
     (workdir / "cuda.json").write_text(_replay(backend="cuda"))
     assert run(["replay", "cuda.json"]) == ExitCode.USAGE
     assert "replay it on the simulator with --backend sim" in _one_line_error(capsys.readouterr().err)
+
+
+def test_a_design_file_imports_the_packages_beside_the_user(workdir: Path) -> None:
+    from racefuzz.designs import load_design
+
+    (workdir / "helper_pkg").mkdir()
+    (workdir / "helper_pkg" / "__init__.py").write_text("NAME = 'from-a-package'\n")
+    design = "import helper_pkg\n\n\nclass D:\n    name = helper_pkg.NAME\n\n\ndesign = D()\n"
+    (workdir / "uses_pkg.py").write_text(design)
+    assert load_design("uses_pkg.py:design").name == "from-a-package"
