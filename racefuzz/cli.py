@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("file", type=Path)
     replay.add_argument("--backend", choices=("sim", "cuda"), help="default: the backend recorded in the file")
     replay.add_argument("--repeat", type=_repeat, default=1, help="runs, 1 to 1000 (default 1; 5 is sensible on GPU)")
+    replay.add_argument(
+        "--example-timeout",
+        type=_timeout,
+        default=DEFAULT_EXAMPLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"as for run (default {DEFAULT_EXAMPLE_TIMEOUT_S:g})",
+    )
 
     bench = command("bench", "benchmarks: print a table; --json (and for matrix --out) write files")
     bench.add_argument(

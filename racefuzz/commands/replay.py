@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from racefuzz.errors import BackendUnavailable, InvalidArgument, ReplayError
+from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
 
 
@@ -18,7 +18,7 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.designs import load_design
     from racefuzz.report import load_replay, render
     from racefuzz.search import explain, judge
-    from racefuzz.watchdog import WatchedExecutor
+    from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
 
     replay = load_replay(args.file)
     try:
@@ -34,7 +34,13 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
             ) from None
         raise
     run = WatchedExecutor(executor(backend), backend)
-    outcomes = [judge(replay.workload, design, replay.schedule, run) for _ in range(args.repeat)]
+    try:
+        with stoppable(args.example_timeout):  # a hung hook or kernel is abandoned, Ctrl-C stops between runs
+            outcomes = [judge(replay.workload, design, replay.schedule, run) for _ in range(args.repeat)]
+    except StopRequested as stop:
+        if stop.reason == "timeout":
+            raise ExampleTimeout(stop.detail) from None
+        raise
     manifested = sum(bool(o.corruptions) for o in outcomes)
     shown = next((o for o in outcomes if o.corruptions), outcomes[0])
     if shown.oracle is None:
