@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from racefuzz import __version__
+from racefuzz.commands import argtypes
 from racefuzz.errors import InvalidArgument, RacefuzzError, UserCodeError
 from racefuzz.exitcodes import MEANINGS, ExitCode
 from racefuzz.outputs import DEFAULT_REPORT_DIR
@@ -38,58 +38,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.USAGE, f"racefuzz: error: {message}\n")
 
 
-def _int_at_least(minimum: int, what: str):
-    """An argparse type: an integer >= `minimum`, else a one-line error naming `what` was expected."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
-
-    return parse
-
-
-MAX_EXAMPLES = 10**8
-"""The largest --examples (and --workloads) accepted: a bound, so that a typo is not a search for ever."""
-
-
-def _bounded_int(minimum: int, maximum: int, what: str):
-    at_least = _int_at_least(minimum, what)
-
-    def parse(text: str) -> int:
-        value = at_least(text)
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"expected {what} up to {maximum}, got {value}")
-        return value
-
-    return parse
-
-
-def _finite_float(minimum: float, maximum: float, what: str):
-    """An argparse type: a finite float in [minimum, maximum] (rejects inf and nan)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not math.isfinite(value) or not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"expected {what} in [{minimum:g}, {maximum:g}], got {text!r}")
-        return value
-
-    return parse
-
-
-_examples = _bounded_int(1, MAX_EXAMPLES, "a positive integer")
-_repeat = _bounded_int(1, 1000, "a positive integer")
-_seed = _bounded_int(0, 2**32 - 1, "a non-negative integer")
-_max_delays = _bounded_int(0, 64, "a non-negative integer")
-_microseconds = _finite_float(0.0, 1e7, "microseconds (a finite number)")
-_timeout = _finite_float(0.1, 86400.0, "seconds")
+_examples = argtypes.examples
+_repeat = argtypes.repeat
+_seed = argtypes.seed
+_max_delays = argtypes.max_delays
+_microseconds = argtypes.microseconds
+_timeout = argtypes.timeout
+MAX_EXAMPLES = argtypes.MAX_EXAMPLES
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
@@ -166,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy",
         choices=STRATEGIES,
         default="random",
-        help="delay strategy: random (default), pct (PCT-style stream priorities), none",
+        help="schedule strategy: random (default), pct (PCT-style stream priorities), orders (forced orders of "
+        "racing pairs, gates, no spin), interleave (forced orders of any unordered launches), none",
     )
     run.add_argument(
         "--repeat",
@@ -216,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--hazards", type=_hazard_list, default=hazards, help=hazards_help)
     compare.add_argument(
         "--workloads",
-        type=_bounded_int(1, 100_000, "a positive integer"),
+        type=argtypes.bounded_int(1, 100_000, "a positive integer"),
         default=100,
         help="drawn workloads, 1 to 100,000 (default 100)",
     )

@@ -8,6 +8,8 @@ against its documented range before anything runs (`racefuzz.report.ReplayFile.f
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
@@ -20,6 +22,15 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.search import explain, judge
     from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
 
+    if _is_trace_replay(args.file):
+        if args.backend == "sim":
+            raise InvalidArgument(
+                f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
+                "--backend on the device it was recorded on"
+            )
+        from racefuzz.commands.trace import replay_trace
+
+        return replay_trace(args.file, args.backend or "auto", args.repeat)
     replay = load_replay(args.file)
     try:
         design = load_design(replay.design, replay.scenario)
@@ -51,3 +62,14 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
     if replay.oracle == "corruption":
         print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
     return ExitCode.RACE
+
+
+def _is_trace_replay(path: Path) -> bool:
+    """Whether `path` holds a `racefuzz trace` replay file (anything unreadable is left to `load_replay`)."""
+    from racefuzz.trace.report import FORMAT
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT

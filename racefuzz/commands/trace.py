@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from racefuzz.commands import argtypes
 from racefuzz.errors import InvalidArgument, ReplayError, UserCodeError
 from racefuzz.exitcodes import ExitCode
 
@@ -25,11 +26,17 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     trace.add_argument("step", nargs="?", help="the step, as module:function (it takes a racefuzz.trace.TraceEnv)")
     trace.add_argument("--control", help="a step that must race (module:function): the negative control")
     trace.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda if usable")
-    trace.add_argument("--examples", type=int, default=200, help="fuzzed runs per step on the GPU (default 200)")
-    trace.add_argument("--max-delays", type=int, default=2, help="delay points per run (default 2)")
-    trace.add_argument("--confirm", type=int, default=3, help="re-runs of a shrunk counterexample (default 3)")
+    trace.add_argument(
+        "--examples", type=argtypes.examples, default=200, help="fuzzed runs per step on the GPU (default 200)"
+    )
+    trace.add_argument(
+        "--max-delays", type=argtypes.max_delays, default=2, help="delay points per run, 0 to 64 (default 2)"
+    )
+    trace.add_argument(
+        "--confirm", type=argtypes.repeat, default=3, help="re-runs of a shrunk counterexample, 1 to 1000 (default 3)"
+    )
     trace.add_argument("--watch", action="append", default=[], help="a tensor name the oracle watches (repeatable)")
-    trace.add_argument("--seed", type=int, help="Hypothesis seed (default: derandomized)")
+    trace.add_argument("--seed", type=argtypes.seed, help="Hypothesis seed (default: derandomized)")
     trace.add_argument("--report-dir", type=Path, default=Path(".racefuzz"), help="where replay files go")
     trace.add_argument(
         "--no-run-kernels",
@@ -38,7 +45,7 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="with --device cpu: record Triton/CuPy launches from their annotations without running them",
     )
     trace.add_argument("--replay", type=Path, help="re-run this trace replay file instead of searching")
-    trace.add_argument("--repeat", type=int, default=3, help="with --replay: runs (default 3)")
+    trace.add_argument("--repeat", type=argtypes.repeat, default=3, help="with --replay: runs, 1 to 1000 (default 3)")
 
 
 def trace_command(args: argparse.Namespace) -> ExitCode:
@@ -46,7 +53,7 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.trace.search import fuzz
 
     if args.replay is not None:
-        return _replay(args)
+        return replay_trace(args.replay, args.device, args.repeat)
     if not args.step:
         raise InvalidArgument("racefuzz trace needs a step (module:function) or --replay FILE")
     step = _load(args.step)
@@ -98,22 +105,22 @@ def _run(fuzz: Callable, step: Callable, options: dict) -> TraceResult:
         ) from None
 
 
-def _replay(args: argparse.Namespace) -> ExitCode:
+def replay_trace(path: Path, device_choice: str, repeat: int) -> ExitCode:
+    """Re-run the trace replay file `path` `repeat` times (`racefuzz trace --replay`, and `racefuzz replay` of
+    a trace file); `device_choice` "auto" runs on the device the file was recorded on."""
     from racefuzz.trace.report import load_replay
     from racefuzz.trace.search import judge_run, resolve_device, run_once, run_with_delays, watched_ordinals
 
     try:
-        spec, device, watch, delays = load_replay(args.replay)
+        spec, device, watch, delays = load_replay(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ReplayError(f"{args.replay}: {exc}") from None
+        raise ReplayError(f"{path}: {exc}") from None
     step = _load(spec)
-    device = resolve_device(device if args.device == "auto" else args.device)
+    device = resolve_device(device if device_choice == "auto" else device_choice)
     reference = run_once(step, device, serialize=True)
     ordinals = watched_ordinals(reference, watch)
-    found = [
-        judge_run(reference, run_with_delays(step, device, reference, delays), ordinals) for _ in range(args.repeat)
-    ]
+    found = [judge_run(reference, run_with_delays(step, device, reference, delays), ordinals) for _ in range(repeat)]
     hits = [d for d in found if d is not None]
-    print(f"racefuzz trace --replay {args.replay}: {spec} on {device}, delays {delays}")
-    print(f"reproduced in {len(hits)}/{args.repeat} run(s)" + (f": {hits[0]}" if hits else ""))
+    print(f"racefuzz trace --replay {path}: {spec} on {device}, delays {delays}")
+    print(f"reproduced in {len(hits)}/{repeat} run(s)" + (f": {hits[0]}" if hits else ""))
     return ExitCode.RACE if hits else ExitCode.CLEAN

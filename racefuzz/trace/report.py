@@ -17,6 +17,7 @@ flagged.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -26,6 +27,10 @@ from racefuzz.trace.search import DelayPoint, TraceResult
 FORMAT = "racefuzz-trace-replay"
 FORMAT_VERSION = 1
 MAX_RACES_SHOWN = 8
+MAX_REPLAY_DELAYS = 64
+"""Bounds on a replay file's delay points (as `racefuzz trace --max-delays`): a file is input, never trusted."""
+MAX_REPLAY_LAUNCH = 10**7
+MAX_REPLAY_DELAY_US = 1e7
 
 
 def render(result: TraceResult, replay_path: Path | None = None) -> str:
@@ -81,7 +86,19 @@ def load_replay(path: str | os.PathLike[str]) -> tuple[str, str, tuple[str, ...]
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a racefuzz trace replay file")
+    if data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"format version {data.get('version')!r}; this racefuzz reads version {FORMAT_VERSION}")
+    if not isinstance(data["delays"], list) or len(data["delays"]) > MAX_REPLAY_DELAYS:
+        raise ValueError(f"'delays' must be a list of at most {MAX_REPLAY_DELAYS} delay points")
     delays = [(str(d["stream"]), int(d["launch"]), float(d["us"])) for d in data["delays"]]
+    for stream, launch, us in delays:
+        if not 0 <= launch <= MAX_REPLAY_LAUNCH or not math.isfinite(us) or not 0.0 <= us <= MAX_REPLAY_DELAY_US:
+            raise ValueError(
+                f"delay point ({stream!r}, {launch}, {us}) out of range: launch 0 to {MAX_REPLAY_LAUNCH}, "
+                f"microseconds 0 to {MAX_REPLAY_DELAY_US:g}"
+            )
+    if str(data["device"]) not in ("cpu", "cuda"):
+        raise ValueError(f"'device' must be 'cpu' or 'cuda', got {data['device']!r}")
     return str(data["step"]), str(data["device"]), tuple(data.get("watch", ())), delays
 
 

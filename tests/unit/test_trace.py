@@ -317,3 +317,48 @@ def test_a_replay_file_reruns_its_step_with_its_delays(tmp_path, capsys):
     path.write_text(json.dumps({"format": "racefuzz-replay"}))
     with pytest.raises(ReplayError, match="not a racefuzz trace replay file"):
         trace_cli(["--replay", str(path)])
+
+
+def _trace_replay_file(path, **fields):
+    data = {
+        "format": "racefuzz-trace-replay",
+        "version": 1,
+        "step": "racefuzz.trace.example:racy_step",
+        "device": "cpu",
+        "watch": ["req_to_token"],
+        "delays": [{"stream": "forward", "launch": 0, "us": 5000.0}],
+    }
+    data.update(fields)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_racefuzz_replay_runs_a_trace_replay_file(tmp_path, capsys):
+    """`racefuzz replay FILE` recognises a trace replay file and re-runs its step (as `trace --replay`)."""
+    from racefuzz.cli import main
+
+    path = _trace_replay_file(tmp_path / "replay.json")
+    assert main(["replay", str(path), "--repeat", "2"]) == 0
+    assert "reproduced in 0/2 run(s)" in capsys.readouterr().out
+    assert main(["replay", str(path), "--backend", "sim"]) == 2
+    assert "is a trace replay file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"delays": [{"stream": "forward", "launch": 0, "us": 1e12}]}, "out of range"),
+        ({"delays": [{"stream": "forward", "launch": -1, "us": 10.0}]}, "out of range"),
+        ({"delays": [{"stream": "forward", "launch": 0, "us": float("nan")}]}, "out of range"),
+        ({"delays": [{"stream": "forward", "launch": 0, "us": 1.0}] * 65}, "at most 64"),
+        ({"version": 2}, "this racefuzz reads version 1"),
+        ({"device": "tpu"}, "'device' must be"),
+    ],
+)
+def test_a_trace_replay_file_out_of_range_is_one_usage_line(tmp_path, capsys, fields, message):
+    from racefuzz.cli import main
+
+    path = _trace_replay_file(tmp_path / "replay.json", **fields)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

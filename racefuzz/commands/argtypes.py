@@ -1,0 +1,62 @@
+"""argparse types with ranges: every numeric option of every subcommand is bounded, and a value outside its
+range is one line (`racefuzz: error: argument --examples: expected a positive integer, got 0`), exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum`, else a one-line error naming `what` was expected."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+def bounded_int(minimum: int, maximum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer in [minimum, maximum]."""
+    at_least = int_at_least(minimum, what)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected {what} up to {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def finite_float(minimum: float, maximum: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a finite float in [minimum, maximum] (rejects inf and nan)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected {what} in [{minimum:g}, {maximum:g}], got {text!r}")
+        return value
+
+    return parse
+
+
+MAX_EXAMPLES = 10**8
+"""The largest --examples (and --workloads) accepted: a bound, so that a typo is not a search for ever."""
+
+examples = bounded_int(1, MAX_EXAMPLES, "a positive integer")
+repeat = bounded_int(1, 1000, "a positive integer")
+seed = bounded_int(0, 2**32 - 1, "a non-negative integer")
+max_delays = bounded_int(0, 64, "a non-negative integer")
+microseconds = finite_float(0.0, 1e7, "microseconds (a finite number)")
+timeout = finite_float(0.1, 86400.0, "seconds")
