@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from racefuzz.backends import PreparedRun, StartedRun
@@ -56,8 +57,10 @@ class Batch(Generic[E]):
     not run: Hypothesis' first example is all zeros, one trivial example `size` times over, and its
     mutations copy draws within a test case (about one member in nine).
 
-    `settle(example, started)` finishes (or, without a started run, runs) and judges one member; whatever
-    it raises ends the batch. `draws` counts the draws made so far, for replaying the batch's draws.
+    `settle(example, started)` finishes (or, without a started run, runs) and judges one member, finishing
+    the run before anything else; whatever it raises ends the batch. A batch ended by an exception from
+    anywhere else finishes the run on the device first. `draws` counts the draws made so far, for
+    replaying the batch's draws.
     """
 
     def __init__(
@@ -91,6 +94,21 @@ class Batch(Generic[E]):
                 return
 
     def run(self, draw: Callable[[], Draw]) -> None:
+        in_flight: list[tuple[E, StartedRun | None]] = []  # the run on the device, if any
+        try:
+            self._run(draw, in_flight)
+        except BaseException:
+            # Whatever ended the batch early (a draw past Hypothesis' budget, a build that raised, Ctrl-C),
+            # , the run still on the device must finish before its memory can go: the device array is
+            # torch's, allocated on another stream than the one its kernels run on, so the caching allocator
+            # would hand it to the next upload while those kernels still read their descriptors from it.
+            for _, started in in_flight:
+                if started is not None:
+                    with suppress(Exception):
+                        started.finish()
+            raise
+
+    def _run(self, draw: Callable[[], Draw], in_flight_out: list[tuple[E, StartedRun | None]]) -> None:
         built: deque[E] = deque()
         ready: deque[tuple[E, PreparedRun | None]] = deque()
         in_flight: tuple[E, StartedRun | None] | None = None
@@ -101,9 +119,11 @@ class Batch(Generic[E]):
                 if ready:
                     example, prepared = ready.popleft()
                     in_flight = (example, prepared.start() if prepared is not None else None)
+                    in_flight_out[:] = [in_flight]
                     self._draw_next(draw)
                     continue
             elif not (built or (self._drawn and self.runnable)) or _finished(in_flight[1], len(ready)):
+                in_flight_out.clear()  # settle's first step finishes the run
                 self.settle(*in_flight)
                 in_flight = None
                 continue

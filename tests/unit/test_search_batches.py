@@ -185,3 +185,58 @@ def test_a_failure_that_does_not_replay_leaves_the_failure_first_found(batch: in
     result = search(load_design("none"), first_time_only, examples=200, seed=2, repeat=1, batch=batch)
     assert result.found and result.manifested_examples == 1
     assert result.counterexample.oracle in ("corruption", "happens-before")
+
+
+class DrawBudgetExhausted(Exception):
+    """Stands in for Hypothesis' StopTest: a draw past the test case's budget, raised from `draw()`."""
+
+
+@pytest.mark.parametrize("fail_on_draw", [LOOKAHEAD + 1, LOOKAHEAD + 3])
+def test_a_batch_ended_by_an_exception_finishes_the_run_on_the_device(fail_on_draw):
+    """A run already started when the batch ends early (here a draw raising, as Hypothesis does past a test
+    case's budget) is finished before the exception leaves the batch: on the GPU its device array would
+    otherwise be freed, and handed to the next upload, while its kernels still read it."""
+    from racefuzz.search.pipeline import Batch, Example
+
+    sim = LoggingSim(busy_polls=lambda number: 1000)  # the device never reports done by itself
+    finished: list[int] = []
+    draws = iter(range(10_000))
+
+    def draw() -> tuple[bytes, bytes]:
+        k = next(draws)
+        if k == fail_on_draw:
+            raise DrawBudgetExhausted
+        return (bytes([k % 256, k // 256]), b"")
+
+    program = Program.__new__(Program)  # never run: Prepared only hands it back to its (fake) start
+
+    def build(workload: bytes, schedule: bytes) -> Example:
+        return Example((workload, schedule), None, program, Schedule.__new__(Schedule), {}, False)
+
+    def prepare(program: Program, schedule: Schedule) -> object:
+        sim.runs += 1
+        number = sim.runs
+
+        class _Started:
+            def done(self) -> bool:
+                return False
+
+            def finish(self) -> None:
+                finished.append(number)
+
+        class _Prepared:
+            def start(self) -> _Started:
+                sim.log.append(("start", number))
+                return _Started()
+
+        return _Prepared()
+
+    def settle(example: Example, started: object) -> None:
+        started.finish()
+
+    batch = Batch(8, 8, build, settle, prepare)
+    with pytest.raises(DrawBudgetExhausted):
+        batch.run(draw)
+    started = [number for call, number in sim.log if call == "start"]
+    assert started, "the test must end the batch with a run on the device"
+    assert started[-1] in finished, (started, finished)
