@@ -269,7 +269,17 @@ class _GatedMachine(_Machine):
     `done[i]`: when stream op i completed (its stream's tail just after it).
     """
 
-    __slots__ = ("done", "gate_cost", "gates", "kernels", "last_on", "latest_record", "pending", "waiters")
+    __slots__ = (
+        "done",
+        "gate_cost",
+        "gates",
+        "kernels",
+        "last_on",
+        "latest_record",
+        "pending",
+        "released",
+        "waiters",
+    )
 
     def __init__(self, program: Program, schedule: Schedule, config: SimConfig, timeline: list[Span] | _Discard):
         super().__init__(program, schedule, config, timeline)
@@ -283,6 +293,7 @@ class _GatedMachine(_Machine):
         self.waiters: dict[int, list[int]] = {}
         self.last_on: list[int | None] = [None] * len(program.streams)
         self.latest_record: list[int | None] = [None] * len(program.events)
+        self.released: list[int] = []  # streams whose next queued op may now run
 
     def _enqueue(self, op: StreamOp, deps: tuple[int, ...]) -> None:
         s = op.stream.id
@@ -291,6 +302,7 @@ class _GatedMachine(_Machine):
         entry = (op, self.host, deps)
         if self.pending[s] or not self._try(entry):
             self.pending[s].append(entry)
+        self._drain()
 
     def _try(self, entry: _Pending) -> bool:
         """Run `entry` if everything it waits for has run; else register its stream as waiting."""
@@ -326,13 +338,16 @@ class _GatedMachine(_Machine):
         else:  # a wait: its stream goes on once what it binds to has completed
             tail[s] = max([tail[s], *(done[dep] for dep in deps)])
         done[index] = tail[s]
-        for t in self.waiters.pop(index, ()):
-            self._drain(t)
+        self.released.extend(self.waiters.pop(index, ()))
 
-    def _drain(self, s: int) -> None:
-        queue = self.pending[s]
-        while queue and self._try(queue[0]):
-            queue.popleft()
+    def _drain(self) -> None:
+        """Run what the ops run so far released, stream by stream, in FIFO order on each (a worklist, not
+        recursion: a chain of gates across streams can be as long as the program)."""
+        released = self.released
+        while released:
+            queue = self.pending[released.pop()]
+            while queue and self._try(queue[0]):
+                queue.popleft()
 
     def visit_launch(self, op: Launch) -> None:
         self._enqueue(op, tuple(self.gates.get(op.index, ())))

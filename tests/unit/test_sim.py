@@ -185,3 +185,21 @@ def test_forced_orders_are_checked_and_round_trip() -> None:
         Schedule(orders=((1, 3),)).check_against(program)
     with pytest.raises(InvalidArgument, match="itself"):
         Schedule(orders=((3, 3),))
+
+
+def test_a_long_cascade_of_gates_needs_no_recursion() -> None:
+    # A0..A(n-1) issued first, each held until B_i; B_i held until A_(i-1): releasing B0 at the end runs
+    # 2n ops in a chain (B0, A0, B1, A1, ...) -- far deeper than Python's recursion limit.
+    n = 3000
+    device = Device()
+    a, b = device.stream("a"), device.stream("b")
+    table = device.buffer("t", 1, 1)
+    for _ in range(n):
+        a.launch("k", reads=[table[0, 0:1]])
+    for _ in range(n):
+        b.launch("k", reads=[table[0, 0:1]])
+    program = device.finish()
+    orders = [(n + i, i) for i in range(n)] + [(i - 1, n + i) for i in range(1, n)]
+    run = simulate(program, Schedule(orders=orders), record_timeline=False)
+    times = run.access_time_us
+    assert all(times[n + i] < times[i] for i in range(n)) and all(times[i - 1] < times[n + i] for i in range(1, n))
