@@ -187,19 +187,21 @@ def test_forced_orders_are_checked_and_round_trip() -> None:
         Schedule(orders=((3, 3),))
 
 
-def test_a_long_cascade_of_gates_needs_no_recursion() -> None:
-    # A0..A(n-1) issued first, each held until B_i; B_i held until A_(i-1): releasing B0 at the end runs
-    # 2n ops in a chain (B0, A0, B1, A1, ...) -- far deeper than Python's recursion limit.
+def test_a_long_cascade_of_gates_runs_every_op_once_in_order() -> None:
+    # A0..A(n-1), then B0..B(n-1), then one launch C: each A_i held until B_i, each B_i until A_(i-1), B0
+    # until C. C, issued last, releases a chain of 2n ops (B0, A0, B1, A1, ...) at once.
     n = 3000
     device = Device()
-    a, b = device.stream("a"), device.stream("b")
+    a, b, c = device.stream("a"), device.stream("b"), device.stream("c")
     table = device.buffer("t", 1, 1)
     for _ in range(n):
         a.launch("k", reads=[table[0, 0:1]])
     for _ in range(n):
         b.launch("k", reads=[table[0, 0:1]])
+    c.launch("k", reads=[table[0, 0:1]])
     program = device.finish()
-    orders = [(n + i, i) for i in range(n)] + [(i - 1, n + i) for i in range(1, n)]
-    run = simulate(program, Schedule(orders=orders), record_timeline=False)
+    orders = [(n + i, i) for i in range(n)] + [(i - 1, n + i) for i in range(1, n)] + [(2 * n, n)]
+    run = simulate(program, Schedule(orders=orders))
+    assert sorted(span.op_index for span in run.timeline if span.kind == "kernel") == list(range(2 * n + 1))
     times = run.access_time_us
     assert all(times[n + i] < times[i] for i in range(n)) and all(times[i - 1] < times[n + i] for i in range(1, n))
