@@ -39,3 +39,20 @@ def test_forced_orders_never_flag_a_clean_design() -> None:
         control = search(load_design("none"), sim, examples=400, seed=3, strategy=strategy, hazards=HAZARDS)
         assert not clean.found and clean.examples == 400
         assert control.found and control.counterexample.corruptions
+
+
+def test_a_forced_order_counterexample_replays_from_its_file(tmp_path) -> None:
+    import json
+
+    from racefuzz import __version__
+    from racefuzz.cli import main
+    from racefuzz.report import ReplayFile
+
+    result = search(load_design("none"), executor("sim"), examples=300, seed=0, strategy="orders")
+    c = result.counterexample
+    assert c is not None
+    replay = ReplayFile("none", "sim", 0, c.workload, c.schedule, c.oracle, __version__, load_design("none").scenario)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(replay.to_json()))
+    assert ReplayFile.from_json(json.loads(path.read_text()), str(path)).schedule.orders == c.schedule.orders
+    assert main(["replay", str(path), "--backend", "sim", "--repeat", "3"]) == 1  # the race, 3 of 3
