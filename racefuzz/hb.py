@@ -12,8 +12,11 @@ joins what it waited for into every stream, since everything enqueued after it i
 
 Checking: launch b on stream s is ordered after launch a on stream t iff `a.seq <= clock[s][t]` at b's
 launch. For a fixed s, the launches of t *not* ordered before b are a suffix of t's launches, so each new
-launch only scans the other streams' unordered suffixes. Every pair that shares a cell, has at least one
-store, sits on different streams and is unordered is reported, not just the first.
+launch only looks at the other streams' unordered suffixes -- and only at the entries of those suffixes
+that touch the rows it touches (a per-stream (buffer, row) index, see `_Clocks`). Every pair that shares a
+cell, has at least one store, sits on different streams and is unordered is reported, not just the first.
+`analysis(program)` adds each launch's clock, so that `Analysis.ordered(a, b)` answers "is a before b in
+every run" in constant time (the forced-order strategies use it).
 """
 
 from __future__ import annotations
