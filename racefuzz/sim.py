@@ -12,6 +12,8 @@ Time model (microseconds):
   completion of the latest record of `e` issued before the wait (never recorded: no-op);
   `s.wait_stream(o)` raises it to `o`'s tail at that host instant (a snapshot: later work on `o` is not
   covered).
+* A forced order `(a, b)` of `Schedule.orders` is a gate: launch b's stream waits, right before b, until
+  launch a has finished, plus `gate_cost_us` (`_GatedMachine`; b may be issued before a).
 
 When accesses happen inside a kernel: **a launch's loads and stores both take effect at its end**, loads
 first. A reader therefore reads at the end of its window, and its read spin (the GPU reader's spin before
