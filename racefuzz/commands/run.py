@@ -2,9 +2,10 @@
 
 In order, so that nothing found is lost and a mistake costs a second, not a search: the output paths are
 checked, then the design is loaded and its programs for a few fixed workloads built and linted
-(`racefuzz.lint.preflight`: a hook that raises fails here), then the backend is resolved, and only then
-does the search run, inside `racefuzz.watchdog.stoppable` (Ctrl-C and `--example-timeout`). A race found is
-written before it is printed; if its directory cannot be written after all, to a temporary directory.
+(`racefuzz.lint.preflight`: a hook that raises fails here), then the backend is resolved and the example
+database opened (its directory checked like the outputs), and only then does the search run, inside
+`racefuzz.watchdog.stoppable` (Ctrl-C and `--example-timeout`). A race found is written before it is
+printed; if its directory cannot be written after all, to a temporary directory.
 """
 
 from __future__ import annotations
@@ -129,7 +130,6 @@ def run_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.backends import executor, resolve_backend
 
     check_outputs(args)
-    args.example_database = example_database(args.database)
     control = result = None
     try:
         # Everything that runs the user's code is watched: a design module or hook that never returns is
@@ -149,6 +149,8 @@ def run_command(args: argparse.Namespace) -> ExitCode:
                 f"seed {args.seed}, hazards {','.join(args.hazards)}",
                 flush=True,
             )
+            # After the design and the first line: both come before Hypothesis is imported (a fast start).
+            args.example_database = example_database(args.database)
             run = WatchedExecutor(executor(backend), backend)
             if control_design is not None:
                 control = run_search(control_design, args, backend, run, shrink=False)

@@ -226,3 +226,36 @@ def test_bench_matrix_writes_files_only_where_asked(capsys, tmp_path: Path, monk
     assert all(path.exists() and path.with_suffix(".txt").exists() for path in written)
     assert all(f"`{path}`" in out for path in written), "the table names the files it wrote"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.json", "results"]
+
+
+def test_a_design_typo_and_the_first_line_come_before_hypothesis_and_torch_are_imported(tmp_path):
+    """A fast start: `racefuzz run` reports a mistyped design, and prints its first line, having imported
+    neither Hypothesis nor torch (together ~2.5 s on a CPU machine; Hypothesis alone ~0.25 s)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from racefuzz.cli import main\n"
+        "import racefuzz.commands.run as run\n"
+        "def stop(spec):\n"  # where the search would import Hypothesis: report what is loaded, then stop
+        "    print('loaded', 'hypothesis' in sys.modules, 'torch' in sys.modules, flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "run.example_database = stop\n"
+        "code = main(sys.argv[1:])\n"
+        "print('loaded', 'hypothesis' in sys.modules, 'torch' in sys.modules)\n"
+        "raise SystemExit(code)\n"
+    )
+    typo = subprocess.run(
+        [sys.executable, "-c", probe, "run", "--design", "no-such-design"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert typo.returncode == ExitCode.USAGE, typo.stderr
+    assert "unknown design 'no-such-design'" in typo.stderr
+    assert typo.stdout.strip() == "loaded False False"
+    first = subprocess.run(
+        [sys.executable, "-c", probe, "run", "--backend", "auto"], capture_output=True, text=True, cwd=tmp_path
+    )
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith("racefuzz ") and "design global-war on " in lines[0], first.stdout + first.stderr
+    on_cpu = " on sim," in lines[0]  # `auto` picked the simulator: no GPU here, found without torch
+    assert lines[1] == ("loaded False False" if on_cpu else "loaded False True")

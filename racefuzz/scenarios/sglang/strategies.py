@@ -30,8 +30,10 @@ search fixes it (`read_extent=`), and shrinking moves it to "exact".
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
-from hypothesis import strategies as st
+if TYPE_CHECKING:  # Hypothesis is imported when a strategy is made, not to load the scenario (a fast CLI start)
+    from hypothesis import strategies as st
 
 from racefuzz.errors import InvalidArgument
 from racefuzz.scenarios.sglang.workload import READ_EXTENTS, RequestSpec, Workload
@@ -130,6 +132,8 @@ def workload_bytes(max_requests: int = 8) -> st.SearchStrategy[bytes]:
     """The raw bytes `workloads()` decodes (for searches that decode themselves, to save draws)."""
     if max_requests < 1:
         raise InvalidArgument("workloads: max_requests must be >= 1")
+    from hypothesis import strategies as st
+
     return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests)
 
 
