@@ -232,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--quick", action="store_true", help="for `mutants`: fewer seeds and examples (a smoke run, ~1 minute)"
     )
+    bench.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="for `mutants`: the main search's schedule strategy (default random; `orders`: forced orders alone)",
+    )
     from racefuzz.commands.trace import add_parser as add_trace_parser
 
     add_trace_parser(command)
@@ -317,13 +323,15 @@ def _bench(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--out applies to `racefuzz bench matrix` only, not to {args.which}")
     if args.quick and args.which != "mutants":
         raise InvalidArgument(f"--quick applies to `racefuzz bench mutants` only, not to {args.which}")
+    if args.strategy is not None and args.which != "mutants":
+        raise InvalidArgument(f"--strategy applies to `racefuzz bench mutants` only, not to {args.which}")
     if args.json is not None:
         check_output_file(args.json, "--json")
     if args.out is not None:
         check_output_dir(args.out, "--out")
     bench = importlib.import_module(f"racefuzz.bench.{args.which}")
     if args.which == "mutants":
-        results = bench.run(backend=resolve_backend(args.backend), quick=args.quick)
+        results = bench.run(backend=resolve_backend(args.backend), quick=args.quick, strategy=args.strategy or "random")
     elif args.which == "matrix":
         results = bench.run(out=args.out)
     else:
