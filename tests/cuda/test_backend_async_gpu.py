@@ -86,3 +86,31 @@ def test_a_batched_gpu_search_catches_the_control_k_of_k() -> None:
     assert result.found and result.counterexample.oracle == "corruption"
     c = result.counterexample
     assert sum(bool(find_corruptions(c.program, gpu(c.program, c.schedule).observations)) for _ in range(K)) == K
+
+
+def test_a_run_dropped_before_finish_does_not_leak_into_later_runs() -> None:
+    """A started run dropped without `finish` (a batch ended by an exception) keeps its device array until its
+    kernels are done (`runtime.used_on_streams`): the later runs, uploaded at once into whatever the caching
+    allocator hands out, load exactly the sequential reference, and no CUDA error surfaces."""
+    import gc
+
+    import torch
+
+    from racefuzz.backends import cuda
+
+    program = _program(PROGRAMS[0])
+    readers = [op.index for op in program.launches if op.reads]
+    # The dropped run's readers spin 20 ms each before they load and store their observations, long after
+    # the array is freed; without the record, the next uploads reuse the block under them.
+    dropped = cuda.prepare(program, Schedule(read_spins={i: 20_000.0 for i in readers})).start()
+    block, size = dropped.bound.staged.data_ptr(), dropped.bound.staged.numel()
+    del dropped
+    gc.collect()
+    # Without the record the caching allocator hands the block just freed to the next request of its size.
+    same_size = torch.empty(size, dtype=torch.int32, device=f"cuda:{torch.cuda.current_device()}")
+    assert same_size.data_ptr() != block, "the dropped run's array was handed out while its kernels run"
+    del same_size
+    for _ in range(20):
+        run = cuda.prepare(program, NO_DELAYS).start()
+        assert not find_corruptions(program, run.finish().observations)
+    torch.cuda.synchronize()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from racefuzz.backends.cuda.availability import require
-from racefuzz.backends.cuda.runtime import THREADS_PER_BLOCK, Bound, Runtime, get_runtime
+from racefuzz.backends.cuda.runtime import THREADS_PER_BLOCK, Bound, Runtime, get_runtime, used_on_streams
 from racefuzz.backends.cuda.staging import Staging, collect_observations, stage, timed_out_gates
 from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
@@ -164,6 +164,7 @@ class CudaExecutor:
             staged = last.bound.staged
             staged.copy_(runtime.torch.from_numpy(last.staging.host))  # synchronous from pageable memory
             streams, ext, events = runtime.fresh_streams_and_events(program)
+            used_on_streams(staged, streams)
             old = last.bound
             bound = Bound(
                 old.tables, staged, streams, ext, events, old.launch_calls, old.spins, old.costs, old.waits, old.signals

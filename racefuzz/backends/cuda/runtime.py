@@ -238,7 +238,22 @@ class Runtime:
         """Bind `staging` to fresh device memory, fresh streams and fresh events (see `Bound`)."""
         staged, tables, launch_calls, spins, costs, waits, signals = self.bind_memory(program, schedule, staging)
         streams, ext, events = self.fresh_streams_and_events(program)
+        used_on_streams(staged, streams)
         return Bound(tables, staged, streams, ext, events, launch_calls, spins, costs, waits, signals)
+
+
+def used_on_streams(staged: Any, streams: Sequence[Any]) -> None:
+    """Tell torch's caching allocator that the device array `staged` is used on `streams` (`record_stream`).
+
+    The array is allocated on the current stream, but its kernels run on the run's own streams, which the
+    allocator knows nothing of: a run dropped before `finish` (a batch ended by an exception) would free the
+    array to the next upload while its kernels still read their descriptors from it -- a use after free
+    that shows as wrong loads or an illegal address in a later run. Recorded, the block is reused only once
+    the work queued on these streams when it was freed has completed (the fix sglang #34076 made for its
+    cross-stream per-batch tensors).
+    """
+    for stream in streams:
+        staged.record_stream(stream)
 
 
 _runtimes: dict[int, Runtime] = {}
