@@ -61,6 +61,7 @@ from racefuzz.report import primary_race
 from racefuzz.scenarios.sglang import (
     ALL_HAZARDS,
     LATER_HAZARDS,
+    LIFETIME_HAZARDS,
     OPT_IN_HAZARDS,
     PRE_LAUNCH_HAZARDS,
     Workload,
@@ -74,6 +75,7 @@ CLEAN = (
     ("global-war", PRE_LAUNCH_HAZARDS + OPT_IN_HAZARDS),
     ("read-done", PRE_LAUNCH_HAZARDS + OPT_IN_HAZARDS),
     ("read-done-post-replay", ALL_HAZARDS + LATER_HAZARDS),
+    ("record-stream", ALL_HAZARDS + LATER_HAZARDS + LIFETIME_HAZARDS),
 )
 """(correct design, the hazards it fences): the false-alarm runs."""
 CONTROL = "none"

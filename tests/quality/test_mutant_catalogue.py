@@ -16,6 +16,7 @@ from racefuzz.scenarios.sglang import (
     ALL_HAZARDS,
     HAZARDS,
     LATER_HAZARDS,
+    LIFETIME_HAZARDS,
     RequestSpec,
     Workload,
     build_program,
@@ -40,7 +41,7 @@ def test_at_least_twelve_mutants_each_named_described_and_loadable() -> None:
         assert name.startswith("mutant-") and name not in BUILTIN and design.hooks is mutant
         cites = "#" in design.description or "section 7.2" in design.description
         assert cites, f"{name}: the description names no sglang PR/issue (or the model's mutant list)"
-        assert set(mutant.hazards) <= set(ALL_HAZARDS + LATER_HAZARDS) and mutant.base in BUILTIN
+        assert set(mutant.hazards) <= set(ALL_HAZARDS + LATER_HAZARDS + LIFETIME_HAZARDS) and mutant.base in BUILTIN
 
 
 def test_a_mutant_runs_from_the_command_line(tmp_path, capsys) -> None:
@@ -164,3 +165,58 @@ def test_the_swa_table_is_written_with_req_to_token_on_the_same_stream(workload:
         tables = {cells.buffer.name for cells in op.writes}
         if "req_to_token" in tables:
             assert tables == {"req_to_token", "full_to_swa_index_mapping"}, op.describe()
+
+
+# A request decoding while a second one arrives: iteration 2's prefill batch is mixed with the running batch.
+MIXED = Workload(requests=(RequestSpec(0, 4, 64, (1, 1, 1)), RequestSpec(2, 3, 64, (1,))), iterations=4, rows=2)
+
+
+def test_34076_the_reused_block_races_the_gather_unless_record_stream() -> None:
+    lifetime = replace(MIXED, mixed_chunk=True)
+    racy = {("WAR", "mix_indices_gather", "mix_block_reuse")}
+    for design in BUILTIN:
+        if design != "record-stream":  # no commit up to `8905cbd42` carries the record_stream
+            assert races(lifetime, design) == racy, design
+    assert races(lifetime, "record-stream") == set()
+    assert races(lifetime, "mutant-34076-no-record-stream") == racy
+    program = build_program(lifetime, load_design("mutant-34076-no-record-stream").hooks)
+    (race,) = find_races(program)
+    assert [str(cells) for cells in race.cells] == ["mix_running_indices[0, 0:1]"], "the block, not a table"
+    # Without mixed chunks nothing of it is built: default programs are what they were.
+    default = build_program(MIXED, load_design("record-stream").hooks)
+    assert not any(cells.buffer.name == "mix_running_indices" for op in default.launches for cells in op.reads)
+    assert [op.kernel for op in default.launches] == [
+        op.kernel for op in build_program(MIXED, load_design("read-done-post-replay").hooks).launches
+    ]
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=ALL_HAZARDS + LATER_HAZARDS + LIFETIME_HAZARDS))
+def test_record_stream_is_clean_under_every_hazard(workload: Workload) -> None:
+    assert find_races(build_program(workload, load_design("record-stream").hooks)) == []
+
+
+def test_26380_the_swa_mapping_races_without_the_barrier_and_the_decode_prep_sync_orders_nothing() -> None:
+    swa = Workload(
+        requests=(RequestSpec(0, 6, 64, (1, 1, 1), swa_recovery=True),), iterations=4, block_size=2, swa_window=4
+    )
+    program = build_program(swa, load_design("mutant-26380-swa-no-barrier").hooks)
+    (race,) = find_races(program)
+    assert (race.kind.value, race.first.kernel, race.second.kernel) == (
+        "WAR",
+        "verify_page_table",
+        "swa_recovery_clear",
+    )
+    assert {cells.buffer.name for cells in race.cells} == {"full_to_swa_index_mapping"}
+    assert races(swa, "global-war") == set(), "#26380's loop-top barrier"
+    assert races(swa, "mutant-26380-swa-no-barrier") == races(swa, "none"), "the S sync adds no order against F"
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(hazards=ALL_HAZARDS))
+def test_no_builtin_design_races_on_get_last_loc(workload: Workload) -> None:
+    # Its writers are all on the schedule stream or the plan stream, and the loop's plan-stream entry and exit
+    # waits (dflash_info_v2.py:193/:238), which no built-in overrides, order the plan stream with them.
+    for design in BUILTIN:
+        for race in find_races(build_program(workload, load_design(design).hooks)):
+            assert "get_last_loc" not in (race.first.kernel, race.second.kernel), (design, str(race))

@@ -48,7 +48,15 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_builtins_have_names_and_descriptions() -> None:
-    builtins = ["none", "self-event", "global-war", "read-done", "war-after-launch", "read-done-post-replay"]
+    builtins = [
+        "none",
+        "self-event",
+        "global-war",
+        "read-done",
+        "war-after-launch",
+        "read-done-post-replay",
+        "record-stream",
+    ]
     assert list(BUILTIN) == builtins
     for name in BUILTIN:
         design = load_design(name)

@@ -3,7 +3,8 @@
     workload.py    what a workload is (requests, iterations, block size, rows, plan stream, page size)
     strategies.py  workloads decoded from Hypothesis-drawn bytes; the hazards
     loop.py        the overlap loop as a host program; the design hooks and the context they see
-    designs/       the built-in sync designs (none, self-event, global-war, read-done, war-after-launch)
+    designs/       the built-in sync designs (none, self-event, global-war, read-done, war-after-launch,
+                   read-done-post-replay, record-stream)
     mutants.py     deliberately broken designs, each planting one bug sglang has had or could have
     minimize.py    structurally simpler workloads for the minimizer
     costs.py       what a design costs, read off a run's timeline (host blocked, GPU idle)
@@ -24,6 +25,7 @@ from racefuzz.scenarios.sglang.strategies import (
     ALL_HAZARDS,
     HAZARDS,
     LATER_HAZARDS,
+    LIFETIME_HAZARDS,
     MAX_ITERATIONS,
     OPT_IN_HAZARDS,
     PRE_LAUNCH_HAZARDS,
@@ -38,6 +40,7 @@ __all__ = [
     "ALL_HAZARDS",
     "HAZARDS",
     "LATER_HAZARDS",
+    "LIFETIME_HAZARDS",
     "MAX_ITERATIONS",
     "OPT_IN_HAZARDS",
     "PRE_LAUNCH_HAZARDS",
@@ -61,7 +64,7 @@ class SglangOverlap:
     name = "sglang-overlap"
     table = TABLE
     hazards = HAZARDS
-    opt_in_hazards = OPT_IN_HAZARDS + LATER_HAZARDS
+    opt_in_hazards = OPT_IN_HAZARDS + LATER_HAZARDS + LIFETIME_HAZARDS
     hook_names = Hooks.NAMES
     control_design = "none"
     default_design = "global-war"
@@ -117,6 +120,7 @@ class SglangOverlap:
             + (f", page size {w.page_size}" if w.page_size > 1 else "")
             + (f", {w.read_extent} reads" if w.read_extent != "exact" else "")
             + (", verify replay re-reads R" if w.replay_reads else "")
+            + (", mixed chunks" if w.mixed_chunk else "")
         )
 
 

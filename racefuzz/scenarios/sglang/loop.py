@@ -54,6 +54,7 @@ D2H_STREAM = "fwd_prepare_d2h_stream"
 COPY_STREAM = "copy_stream"
 TABLE = "req_to_token"
 SWA_TABLE = "full_to_swa_index_mapping"
+MIX_INDICES = "mix_running_indices"
 SWA_SLOT_BASE = 1 << 20
 """SWA slot ids are the full slot's id plus this: unique, and never equal to a full slot id."""
 
@@ -170,6 +171,11 @@ class Hooks:
         return bool(getattr(self.design, "recycle_chunked_rows", False))
 
     @property
+    def record_stream_mix_indices(self) -> bool:
+        """#34076's fix: `mix_running_indices.record_stream(forward_stream)` before its owner is dropped."""
+        return bool(getattr(self.design, "record_stream_mix_indices", False))
+
+    @property
     def headroom_blocks(self) -> int:
         """Over-allocation headroom in blocks: `reserved = committed_host + headroom_blocks * B`."""
         return int(getattr(self.design, "headroom_blocks", 2))
@@ -204,6 +210,11 @@ class OverlapLoop:
         self.swa: Buffer | None = (
             d.buffer(SWA_TABLE, workload.rows + 1, workload.max_context, fill=0) if workload.swa_window else None
         )
+        # The caching-allocator block behind `mix_running_indices` (one index per row), with mixed chunks.
+        self.mix_block: Buffer | None = (
+            d.buffer(MIX_INDICES, 1, workload.rows, fill=0) if workload.mixed_chunk else None
+        )
+        self.mix_running: list[_Request] = []  # the running requests a mixed prefill batch aliases
         self.free_rows: deque[int] = deque(range(1, workload.rows + 1))
         self.used_rows: set[int] = set()
         self.waiting: deque[int] = deque()
@@ -312,6 +323,17 @@ class OverlapLoop:
                 chunked = [request]
         if not batch:
             return None
+        self.mix_running = [r for r in self.live if r.prefilled and not r.released and r not in batch]
+        if self.mix_block is not None and self.mix_running:
+            # mix_with_running (schedule_batch.py:2545 at `8905cbd42`): the mixed batch aliases the running
+            # batch's req_pool_indices, a tensor made on the schedule stream (values are fresh ids, so that
+            # a clobbered gather shows a different value).
+            n = len(self.mix_running)
+            s.launch(
+                "running_indices_write",
+                writes=[(self.mix_block[0, 0:n], self._slots(n))],
+                info=self._info(self.mix_running, site="mix_with_running"),
+            )
         writes = []
         for r in batch:
             n = min(r.spec.chunk, r.spec.prompt_len - r.done)
@@ -388,6 +410,15 @@ class OverlapLoop:
                 self.d2h.synchronize()
         f.wait_stream(s)  # run_batch: forward_stream.wait_stream(schedule_stream), the RAW edge
         info = self._info(batch)
+        mixed = self.mix_block is not None and not ctx.is_decode and bool(self.mix_running)
+        if mixed:
+            assert self.mix_block is not None
+            mix_cells = self.mix_block[0, 0 : len(self.mix_running)]
+            # resolve_forward_inputs (overlap_utils.py:84-104 at `8905cbd42`), first on the forward stream:
+            # `output_tokens_buf[batch.mix_running_indices]`, then `batch.mix_running_indices = None`.
+            f.launch("mix_indices_gather", reads=[mix_cells], info=self._info(self.mix_running, site=f.name))
+            # Recorded only for a design that calls record_stream (the allocator's event, see reuse_mix_block).
+            gathered = f.record_event("mix_gather_done") if hooks.record_stream_mix_indices else None
         B = w.block_size
         accepts: dict[int, int] = {}
         steps: dict[int, int] = {}
@@ -428,6 +459,8 @@ class OverlapLoop:
         k = ctx.iteration
         c.launch("copy_to_cpu", writes=[(self.output[0, k : k + 1], k + 1)], info=info)
         copy_done = c.record_event("copy_done")
+        if mixed:
+            self.reuse_mix_block(mix_cells, gathered)
         recache: dict[int, tuple[int, int]] = {}
         # What the GPU now knows: prefixes advance by the accepted tokens.
         for r in batch:
@@ -448,6 +481,33 @@ class OverlapLoop:
                     r.final_forward = ctx.iteration
             r.steps += 1
         return _Batch(ctx.iteration, ctx.is_decode, batch, accepts, steps, copy_done, recache)
+
+    def reuse_mix_block(self, cells: CellRange, gathered: EventHandle | None) -> None:
+        """The host has dropped the last owner of `mix_running_indices` (the staging reference is cleared
+        in resolve_forward_inputs, the running batch aged out of `last_batch` and the record ring: #34076),
+        and the caching allocator hands its block to the next allocation on the schedule stream, whose
+        write is modelled here, before the design's WAR barrier. That placement is the allocator settings #34076
+        measured corrupting (expandable segments, cudaMallocAsync: 19/20 runs): the free is ordered on
+        the allocating stream at the point the host dropped it, which precedes the barrier -- "wait_stream
+        orders execution but does not protect deallocation" (the PR). The default allocator's host-time
+        reuse, which the barrier would order (0/40 in the PR), is the benign case and not modelled.
+        """
+        s = self.ctx.schedule_stream
+        if gathered is not None:
+            # record_stream(forward_stream): at the free the allocator records an event on the forward
+            # stream and reuses the block only once it has completed. That event follows every forward-
+            # stream launch issued before the free, the gather included, so an edge from the gather to the
+            # reuse is what the allocator guarantees (the real one orders at least as much). The wait is on
+            # the schedule stream because the reuse is; it adds order only behind forward-stream work up to
+            # the gather, which every later schedule-stream write already follows under the designs that
+            # carry it (their barrier waits on the whole forward or its read_done).
+            s.wait_event(gathered)
+        n = cells.col1 - cells.col0
+        s.launch(
+            "mix_block_reuse",
+            writes=[(cells, self._slots(n))],
+            info={"iteration": self.ctx.iteration, "site": "caching allocator reuse"},
+        )
 
     def process_result(self) -> None:
         """pop_and_process of the previous batch, after this iteration's launch."""

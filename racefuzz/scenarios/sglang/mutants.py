@@ -9,7 +9,7 @@ carries what the benchmark needs to search it:
 
     base        the correct design it mutates
     hazards     the workload hazards searched: ones the base design is clean under, so a detection is
-                the mutation's (`racefuzz.scenarios.sglang.strategies.HAZARDS` plus the opt-in `paged-get-last-loc`)
+                the mutation's (`racefuzz.scenarios.sglang.strategies.HAZARDS` plus the opt-in ones)
     plan_stream True when the mutated code only runs with DFLASH's plan stream; None lets workloads draw it
     equivalent  None, or why no schedule of the scenario can tell it from its base (an equivalent mutant:
                 reported, not counted in the kill rate)
@@ -20,7 +20,7 @@ Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `l
 from __future__ import annotations
 
 from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
-from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS, LATER_HAZARDS
+from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS, LATER_HAZARDS, LIFETIME_HAZARDS
 
 ALL = ALL_HAZARDS
 """Every hazard, the opt-in page_size > 1 read included: the base `war-after-launch` is clean under all."""
@@ -299,6 +299,52 @@ class ChunkedRowRecycled(_WarAfterLaunch):
     )
 
 
+class NoRecordStream:
+    """Base `record-stream` (clean under every hazard, the tensor-lifetime one included), mutated back."""
+
+    name = "mutant-34076-no-record-stream"
+    description = (
+        "`resolve_forward_inputs` gathers `output_tokens_buf[mix_running_indices]` on the forward stream and "
+        "drops the reference without `mix_running_indices.record_stream(forward_stream)` (overlap_utils.py:84-104 "
+        "at `8905cbd42`), so the caching allocator hands the block to the next schedule-stream allocation, which "
+        "writes it before the gather ran (#34076: corrupted 19/20 runs with expandable segments or cudaMallocAsync)."
+    )
+    base = "record-stream"
+    hazards: tuple[str, ...] = LIFETIME_HAZARDS
+    plan_stream: bool | None = None
+    equivalent: str | None = None
+    record_stream_mix_indices = False
+
+    def forward_end(self, ctx) -> None:
+        if ctx.is_decode:
+            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done_post_replay")
+
+    def after_launch(self, ctx) -> None:
+        apply_war_barrier(ctx)
+
+
+class SwaNoWarBarrier:
+    """Base `global-war` (clean under the SWA hazard), mutated back to EAGLE's loop before #26380."""
+
+    name = "mutant-26380-swa-no-barrier"
+    description = (
+        "EAGLE's overlap loop before #26380 (`163b97012^`): no loop-top `schedule_stream.wait_stream("
+        "forward_stream)`; the only sync in decode prep is the blocking H2D of the kv lengths "
+        "(`cur_kv_lens_cpu.to(device)` in eagle_info_v2.py `prepare_for_decode`), a schedule-stream sync that "
+        "orders nothing on the forward stream, so the SWA allocator's full_to_swa_index_mapping updates race "
+        "the previous forward's translate (#26380: 'on the SWA index mapping in particular')."
+    )
+    base = "global-war"
+    hazards: tuple[str, ...] = ("swa-mapping",)
+    plan_stream: bool | None = None
+    equivalent: str | None = None
+
+    def prepare_decode(self, ctx) -> None:
+        # The blocking `.to(device)` waits for the schedule stream only: #26380 made it non_blocking because
+        # once the barrier chains S to F it would stall the host for a whole forward.
+        ctx.schedule_stream.synchronize()
+
+
 MUTANTS: dict[str, object] = {
     mutant.name: mutant
     for mutant in (
@@ -318,6 +364,8 @@ MUTANTS: dict[str, object] = {
         ReadDoneBeforeReplay(),
         SwaRecoveryFastPath(),
         ChunkedRowRecycled(),
+        NoRecordStream(),
+        SwaNoWarBarrier(),
     )
 }
 """The mutants by name, in the benchmark's order."""

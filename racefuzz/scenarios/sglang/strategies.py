@@ -55,6 +55,14 @@ LATER_HAZARDS = ("replay-reads", "swa-mapping")
                   allocation and rewrite and cleared by the locked-full recovery (#29352), translated by
                   the forward; with replay-reads also inside the graph replay
 """
+LIFETIME_HAZARDS = ("tensor-lifetime",)
+"""The opt-in cross-stream tensor-lifetime hazard (#34076), outside `LATER_HAZARDS` because no design of
+sglang's history up to `8905cbd42` fences it (`read-done-post-replay` races on it; `record-stream` does not):
+
+    tensor-lifetime  mixed chunked prefill: the running batch's `req_pool_indices`, aliased as
+                     `mix_running_indices`, is gathered on the forward stream after its owner was dropped,
+                     and the caching allocator hands its block to the next schedule-stream allocation
+"""
 
 MAX_BLOCK_SIZE = 4
 MAX_PROMPT = 12
@@ -66,7 +74,7 @@ _REQUEST = 7  # arrival, prompt, chunk, steps, accept digits (2 bytes), re-cache
 
 
 def check_hazards(hazards: Collection[str]) -> frozenset[str]:
-    known = ALL_HAZARDS + LATER_HAZARDS
+    known = ALL_HAZARDS + LATER_HAZARDS + LIFETIME_HAZARDS
     unknown = set(hazards) - set(known)
     if unknown:
         raise InvalidArgument(f"unknown hazard(s) {sorted(unknown)}; choose from {', '.join(known)}")
@@ -125,6 +133,7 @@ def decode_workload(
         read_extent=read_extent,
         replay_reads="replay-reads" in hazards,
         swa_window=2 * block_size if swa else 0,
+        mixed_chunk="tensor-lifetime" in hazards,
     )
 
 

@@ -122,6 +122,13 @@ class Workload:
             (dflash_info_v2.py:245 at `6582fc1e5`, removed by #31468 `72c4ed1a3`): a host sync on the
             schedule stream in decode prep, which stalls the host for the whole previous forward once the
             schedule stream waits on the forward stream. Costs, not verdicts, are what it changes.
+        mixed_chunk: mixed chunked prefill (the tensor-lifetime hazard, #34076): a prefill batch formed
+            while requests are decoding is mixed with the running batch (`mix_with_running`,
+            schedule_batch.py:2545 at `8905cbd42`), whose `req_pool_indices` tensor it aliases as
+            `mix_running_indices`; the forward gathers through it (`resolve_forward_inputs`), its owner is
+            dropped and the caching allocator hands its block to the next schedule-stream allocation (see
+            `OverlapLoop.run_batch`). Only that index tensor is modelled: the running requests' own reads
+            in the mixed forward are not added.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -139,6 +146,7 @@ class Workload:
     replay_reads: bool = False
     swa_window: int = 0
     filter_batch_sync: bool = False
+    mixed_chunk: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
