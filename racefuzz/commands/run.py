@@ -95,6 +95,7 @@ def summary(result) -> dict[str, object]:
         },
         "races": [] if c is None else sorted({" ".join(race.key) for race in c.races}),
         "repeat": result.repeat,
+        "infeasible": result.infeasible,
         "flaky": [
             {
                 "reproduced": f.reproduced,
@@ -167,6 +168,11 @@ def run_command(args: argparse.Namespace) -> ExitCode:
             stopped = stop_requested()  # a Ctrl-C after the last checkpoint: the run finished, then say so
     except StopRequested as stop:
         return _stopped(stop, args)
+    if result.infeasible:
+        print(
+            f"{result.infeasible} run(s) skipped, not judged: their forced orders could not be realized "
+            "(on the GPU a gate's wait timed out)"
+        )
     if result.flaky:
         rates = ", ".join(f"{f.reproduced}/{f.runs}" for f in result.flaky[:10])
         print(f"flaky (not counted as races, reproduced fewer than {result.repeat}/{result.repeat} times): {rates}")

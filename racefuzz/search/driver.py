@@ -28,6 +28,7 @@ from racefuzz.hb import find_races
 from racefuzz.memory import in_order_loads
 from racefuzz.oracle import find_corruptions
 from racefuzz.scenarios import Workload, check_hazards
+from racefuzz.schedule import ScheduleInfeasible
 from racefuzz.schedulers import DEFAULT_STRATEGY, delay_strategy
 from racefuzz.search.corpus import Corpus, corpus_key
 from racefuzz.search.finish import finish_manifested, finish_unordered, search_settings, shrink_alone
@@ -117,6 +118,7 @@ class Search:
         self.manifested = 0
         self.racy = 0
         self.replayed = 0
+        self.infeasible = 0  # runs whose forced orders could not be realized (not judged)
         self.first_detection: tuple[int, float] | None = None
         self.first_manifested: tuple[int, float] | None = None
         self.flaky: list[Flaky] = []
@@ -149,7 +151,13 @@ class Search:
     def settle(self, example: Example, started: StartedRun | None) -> None:
         """Finish (or run) `example` and judge it; raises _Manifested on a k-of-k corruption."""
         workload, program, schedule = example.workload, example.program, example.schedule
-        execution = started.finish() if started is not None else self.run_program(program, schedule)
+        try:
+            execution = started.finish() if started is not None else self.run_program(program, schedule)
+        except ScheduleInfeasible:
+            # A forced order the run could not realize (on the GPU: a gate's wait timed out). No verdict for
+            # this member, and not an error of the search: it is counted and reported, never judged.
+            self.infeasible += 1
+            return
         # The simulator returns the very reference object for a run that applied every conflict in issue order.
         observed = execution.observations
         corruptions = (
@@ -164,11 +172,7 @@ class Search:
             if self.on_example is not None:
                 self.on_example(self.counted)
         if corruptions and self.repeat > 1:
-            rerun = self.run_program
-            reproduced = 1 + sum(
-                bool(find_corruptions(program, rerun(program, schedule).observations, expected=example.expected))
-                for _ in range(self.repeat - 1)
-            )
+            reproduced = 1 + sum(self._reproduces(example) for _ in range(self.repeat - 1))
             if reproduced < self.repeat:
                 if not self.shrinking:
                     self.flaky.append(Flaky(workload, schedule, reproduced, self.repeat))
@@ -189,6 +193,16 @@ class Search:
             if self.racy_witness is None:
                 self.racy_witness = (workload, example.key)
             self._detected(manifested=False)
+
+    def _reproduces(self, example: Example) -> bool:
+        """One re-run of `example` for the k-of-k check; a re-run whose forced orders could not be realized
+        did not reproduce."""
+        try:
+            execution = self.run_program(example.program, example.schedule)
+        except ScheduleInfeasible:
+            self.infeasible += 1
+            return False
+        return bool(find_corruptions(example.program, execution.observations, expected=example.expected))
 
     def _detected(self, *, manifested: bool) -> None:
         now = (self.counted, time.perf_counter() - self.start)
@@ -268,7 +282,8 @@ class Search:
         with contextlib.suppress(_Manifested):
             try:
                 manifest()
-            except FlakyFailure:
+            except FlakyFailure as flaky:
+                _raise_unless_manifested(flaky)
                 self.last_failure = self.first_failure
                 self.last_failing_draw = self.failing_draw
 
@@ -277,7 +292,8 @@ class Search:
         assert self.failing_draw is not None
         try:
             shrink_alone(self.fails, self.failing_draw, self.pair, constant_schedule=self.strategy == "none")
-        except FlakyFailure:
+        except FlakyFailure as flaky:
+            _raise_unless_manifested(flaky)
             self.last_failure = self.first_failure
             self.last_failing_draw = self.failing_draw
 
@@ -346,7 +362,17 @@ class Search:
             first_manifested_example=manifested[0] if manifested else None,
             first_manifested_seconds=manifested[1] if manifested else None,
             replayed=self.replayed,
+            infeasible=self.infeasible,
         )
+
+
+def _raise_unless_manifested(flaky: FlakyFailure) -> None:
+    """A flaky failure made only of racefuzz's own k-of-k signal is GPU timing on the edge (the caller falls
+    back to the failure first found). Anything else inside it -- a backend error raised once, a hook that
+    raised -- is a real error: re-raise the first, never let it pass for "no race"."""
+    for exc in flaky.exceptions:
+        if not isinstance(exc, _Manifested):
+            raise exc
 
 
 def search(

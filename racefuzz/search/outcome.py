@@ -63,7 +63,8 @@ class SearchResult:
 
     `first_manifested_example/seconds` are kept apart from `first_detection_*` (any oracle), because only
     the manifested oracle depends on the schedule: they are what tells delay strategies apart.
-    `replayed` counts the examples of the example database tried before the search drew any.
+    `replayed` counts the examples of the example database tried before the search drew any; `infeasible`
+    the runs whose forced orders could not be realized (a GPU gate timed out): skipped, never judged.
     """
 
     design: Design
@@ -81,6 +82,7 @@ class SearchResult:
     first_manifested_example: int | None = None
     first_manifested_seconds: float | None = None
     replayed: int = 0
+    infeasible: int = 0
 
     @property
     def found(self) -> bool:

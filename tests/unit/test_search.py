@@ -43,3 +43,34 @@ def test_clean_design_counts_every_example() -> None:
 def test_repeat_must_be_positive() -> None:
     with pytest.raises(InvalidArgument, match="repeat"):
         search(load_design("none"), executor("sim"), repeat=0)
+
+
+class FailsOnce:
+    """The simulator as an executor whose `at`-th run raises `error` instead (a backend hiccup)."""
+
+    def __init__(self, at: int, error: Exception) -> None:
+        self.at, self.error, self.calls = at, error, 0
+
+    def __call__(self, program, schedule):
+        self.calls += 1
+        if self.calls == self.at:
+            raise self.error
+        return simulate(program, schedule, record_timeline=False)
+
+
+def test_a_backend_error_raised_once_is_an_error_not_a_clean_search() -> None:
+    """Hypothesis calls a failure that does not happen again flaky; only racefuzz's own k-of-k signal may be
+    excused that way. A backend error raised once used to end the search as "no race" after a few examples."""
+    run = FailsOnce(25, RuntimeError("device lost"))
+    with pytest.raises(RuntimeError, match="device lost"):
+        search(load_design("war-after-launch"), run, examples=500, seed=0, shrink=False)
+
+
+def test_an_infeasible_forced_order_skips_that_run_and_the_search_goes_on() -> None:
+    from racefuzz.schedule import ScheduleInfeasible
+
+    run = FailsOnce(25, ScheduleInfeasible("gate timed out"))
+    result = search(load_design("war-after-launch"), run, examples=500, seed=0, shrink=False)
+    assert not result.found
+    assert result.infeasible == 1
+    assert result.examples == 500
