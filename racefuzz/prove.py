@@ -64,7 +64,7 @@ class Proof:
 
     @property
     def proved(self) -> bool:
-        return self.workloads > 0 and not self.counterexamples
+        return self.workloads > 0 and self.racing == 0
 
     def covers(self) -> str:
         """The statement, in words: what was enumerated and under which options."""
@@ -119,12 +119,14 @@ def prove(
         raise InvalidArgument(f"prove: alphabet must be in [1, 256], got {alphabet}")
     if max_bytes < 0:
         raise InvalidArgument(f"prove: max_bytes must be >= 0, got {max_bytes}")
-    total = sum(alphabet**n for n in range(max_bytes + 1)) * len(option_sets)
-    if total > MAX_STRINGS:
-        raise InvalidArgument(
-            f"prove: {total:,} byte strings to decode (alphabet {alphabet}, up to {max_bytes} bytes, "
-            f"{len(option_sets)} option set(s)) is above the cap of {MAX_STRINGS:,}; lower the bound"
-        )
+    total = 0
+    for length in range(max_bytes + 1):  # summed term by term: the bound may be astronomically large
+        total += alphabet**length * len(option_sets)
+        if total > MAX_STRINGS:
+            raise InvalidArgument(
+                f"prove: more than {MAX_STRINGS:,} byte strings to decode (alphabet {alphabet}, up to {max_bytes} "
+                f"bytes, {len(option_sets)} option set(s)); lower the bound"
+            )
     scenario = design.scenario
     proof = Proof(design.spec, tuple(sorted(hazards)), max_bytes, alphabet, tuple(dict(o) for o in option_sets))
     start = time.perf_counter()

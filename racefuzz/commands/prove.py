@@ -13,15 +13,24 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from racefuzz.commands import argtypes
 from racefuzz.designs import load_design
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
-from racefuzz.prove import Proof, prove
+from racefuzz.outputs import check_output_file, fallback_dir, write_text
+
+if TYPE_CHECKING:
+    from racefuzz.prove import Proof
 
 DEFAULT_MAX_BYTES = 18
 DEFAULT_ALPHABET = 2
 DEFAULT_ITERATIONS = "1-4"
+
+
+MAX_PROVED_ITERATIONS = 64
+"""The most iterations a bounded proof takes (each count is a proof of its own)."""
 
 
 def _iterations(text: str) -> tuple[int, ...]:
@@ -31,8 +40,8 @@ def _iterations(text: str) -> tuple[int, ...]:
         first, last = int(low), int(high or low)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--iterations takes N or A-B, got {text!r}") from None
-    if not 1 <= first <= last:
-        raise argparse.ArgumentTypeError(f"--iterations: need 1 <= A <= B, got {text!r}")
+    if not 1 <= first <= last <= MAX_PROVED_ITERATIONS:
+        raise argparse.ArgumentTypeError(f"--iterations: need 1 <= A <= B <= {MAX_PROVED_ITERATIONS}, got {text!r}")
     return tuple(range(first, last + 1))
 
 
@@ -43,12 +52,15 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     p.add_argument("--hazards", default=None, help="comma-separated hazards (default: the scenario's hazards)")
     p.add_argument(
         "--max-bytes",
-        type=int,
+        type=argtypes.bounded_int(0, 64, "a non-negative integer"),
         default=DEFAULT_MAX_BYTES,
         help=f"longest workload byte string (default {DEFAULT_MAX_BYTES})",
     )
     p.add_argument(
-        "--alphabet", type=int, default=DEFAULT_ALPHABET, help=f"every byte below this (default {DEFAULT_ALPHABET})"
+        "--alphabet",
+        type=argtypes.bounded_int(1, 256, "an integer from 1"),
+        default=DEFAULT_ALPHABET,
+        help=f"every byte below this (default {DEFAULT_ALPHABET})",
     )
     p.add_argument(
         "--iterations",
@@ -74,8 +86,11 @@ def _say(line: str) -> None:
 
 
 def prove_command(args: argparse.Namespace) -> int:
+    from racefuzz.prove import prove
     from racefuzz.scenarios import get_scenario
 
+    if args.json is not None:
+        args.json = check_output_file(args.json, "--json")  # before the work, not after it
     scenario = get_scenario()
     hazards = tuple(h for h in (args.hazards or ",".join(scenario.hazards)).split(",") if h)
     results: dict[str, object] = {"bound": _bound(args)}
@@ -93,7 +108,7 @@ def prove_command(args: argparse.Namespace) -> int:
         results.update(design=proof.to_json(), control=control.to_json())
         _say(_line(proof))
         _say(f"negative control {scenario.control_design}: {control.racing:,} of {control.workloads:,} workloads race")
-        if proof.counterexamples:
+        if proof.racing:
             code = ExitCode.RACE
             for c in proof.counterexamples:
                 _say(f"  racing workload ({c.options}): {scenario.describe(c.workload)}: {c.what}")
@@ -103,7 +118,13 @@ def prove_command(args: argparse.Namespace) -> int:
         else:
             code = ExitCode.CLEAN
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        text = json.dumps(results, indent=1) + "\n"
+        try:
+            write_text(args.json, text)
+        except OSError as exc:
+            kept = fallback_dir() / args.json.name
+            write_text(kept, text)
+            _say(f"racefuzz: could not write --json {args.json} ({exc.strerror}); written to {kept} instead")
     return code
 
 
@@ -113,6 +134,8 @@ def _line(proof: Proof) -> str:
 
 
 def _prove_mutants(args: argparse.Namespace, scenario: object, results: dict[str, object]) -> int:
+    from racefuzz.prove import prove
+
     mutants = scenario.mutants()  # type: ignore[attr-defined]
     rows = []
     missed = []

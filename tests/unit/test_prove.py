@@ -41,8 +41,17 @@ def test_a_mutant_races_in_a_small_bound() -> None:
 
 
 def test_an_enormous_bound_is_refused() -> None:
-    with pytest.raises(InvalidArgument, match="cap"):
+    with pytest.raises(InvalidArgument, match="lower the bound"):
         prove(load_design("none"), hazards=HAZARDS, max_bytes=40, alphabet=4)
+    # Refused without computing (or printing) the astronomically large count first.
+    with pytest.raises(InvalidArgument, match="more than 50,000,000 byte strings"):
+        prove(load_design("none"), hazards=HAZARDS, max_bytes=10**6, alphabet=256)
+
+
+def test_a_design_that_races_is_not_proved_even_when_no_counterexample_is_kept() -> None:
+    proof = prove(load_design("none"), hazards=HAZARDS, keep=0, **BOUND)
+    assert proof.racing > 0 and not proof.counterexamples
+    assert not proof.proved
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -62,3 +71,27 @@ def test_the_command_exits_clean_with_the_control_caught(tmp_path, capsys) -> No
     assert "war-after-launch: PROVED race-free" in text and "negative control none:" in text
     assert '"proved": true' in out.read_text()
     assert prove_command(_args("--design", "none", "--max-bytes", "11", "--iterations", "2")) == ExitCode.RACE
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-bytes", "20000"], "up to 64"),
+        (["--max-bytes", "-1"], "non-negative"),
+        (["--alphabet", "0"], "from 1"),
+        (["--iterations", "1-100000"], "<= 64"),
+    ],
+)
+def test_bound_options_out_of_range_are_usage_errors(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit:
+        _args(*argv)
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unwritable_json_is_refused_before_the_proof(tmp_path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(InvalidArgument, match="--json"):
+        prove_command(_args("--max-bytes", "11", "--iterations", "1", "--json", str(blocker / "proof.json")))
+    assert "PROVED" not in capsys.readouterr().out
