@@ -258,3 +258,34 @@ def test_reports_say_masked_column_and_host() -> None:
     host = report(POST_LAUNCH, "mutant-skip-copy-done")
     assert "RAW race on output_tokens_cpu" in host and "result_read  on host" in host
     assert "host: one side is the host itself" in host and "masked column" not in host
+
+
+def test_mixed_chunks_gather_first_and_the_block_is_reused_before_the_barrier() -> None:
+    from racefuzz.scenarios.sglang import decode_workload
+
+    # Request 0 decodes while request 1 arrives: iteration 2's prefill is mixed with the running batch.
+    mixed = Workload(
+        requests=(RequestSpec(0, 4, 64, (1, 1, 1)), RequestSpec(2, 3, 64, (1,))), iterations=4, rows=2, mixed_chunk=True
+    )
+    assert Workload.from_json(mixed.to_json()) == mixed
+    program = build_program(mixed, load_design("war-after-launch").hooks)
+    ops = program.ops
+    at = {op.kernel: i for i, op in enumerate(ops) if isinstance(op, Launch) and op.info.get("iteration") == 2}
+    forward = [
+        op.kernel
+        for op in ops
+        if isinstance(op, Launch) and op.info.get("iteration") == 2 and op.stream.name == "forward_stream"
+    ]
+    assert forward[0] == "mix_indices_gather", "resolve_forward_inputs runs first on the forward stream"
+    assert at["running_indices_write"] < at["mix_indices_gather"] < at["mix_block_reuse"]
+    barrier = next(
+        i
+        for i, op in enumerate(ops)
+        if i > at["extend_forward"] and isinstance(op, (WaitStream, WaitEvent)) and op.stream.name == "schedule_stream"
+    )
+    assert at["mix_block_reuse"] < barrier, "the free is ordered on the schedule stream before the barrier"
+    assert all("iteration" in op.info and "requests" in op.info for op in program.launches)
+    # The hazard turns it on; nothing else does.
+    data = bytes(range(40))
+    assert decode_workload(data, hazards=frozenset({"tensor-lifetime"}), max_iterations=8, plan_stream=None).mixed_chunk
+    assert not decode_workload(data, hazards=frozenset(), max_iterations=8, plan_stream=None).mixed_chunk

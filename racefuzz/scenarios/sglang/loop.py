@@ -323,7 +323,8 @@ class OverlapLoop:
                 chunked = [request]
         if not batch:
             return None
-        self.mix_running = [r for r in self.live if r.prefilled and not r.released and r not in batch]
+        if self.mix_block is not None:
+            self.mix_running = [r for r in self.live if r.prefilled and not r.released and r not in batch]
         if self.mix_block is not None and self.mix_running:
             # mix_with_running (schedule_batch.py:2545 at `8905cbd42`): the mixed batch aliases the running
             # batch's req_pool_indices, a tensor made on the schedule stream (values are fresh ids, so that
@@ -506,7 +507,7 @@ class OverlapLoop:
         s.launch(
             "mix_block_reuse",
             writes=[(cells, self._slots(n))],
-            info={"iteration": self.ctx.iteration, "site": "caching allocator reuse"},
+            info=self._info(self.mix_running, site="caching allocator reuse"),
         )
 
     def process_result(self) -> None:
