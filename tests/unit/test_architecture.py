@@ -84,3 +84,51 @@ def test_no_private_name_is_imported_across_modules() -> None:
     }
     offenders = {k: [i for i in v if not i.endswith("__version__")] for k, v in offenders.items()}
     assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+CORE = (
+    "racefuzz.program",
+    "racefuzz.hb",
+    "racefuzz.memory",
+    "racefuzz.oracle",
+    "racefuzz.sim",
+    "racefuzz.schedule",
+    "racefuzz.device",
+    "racefuzz.designs",
+    "racefuzz.scenarios",
+    "racefuzz.schedulers",
+)
+USER_SURFACE = (
+    "racefuzz.cli",
+    "racefuzz.commands",
+    "racefuzz.pytest_plugin",
+    "racefuzz.testing",
+    "racefuzz.report",
+    "racefuzz.timeline",
+    "racefuzz.outputs",
+    "racefuzz.lint",
+    "racefuzz.progress",
+    "racefuzz.prove",
+    "racefuzz.trace",
+    "racefuzz.bench",
+    "racefuzz.search",
+)
+"""The layers of docs/architecture.md above the core. `racefuzz.watchdog` (stdlib only: the checkpoint a design
+hook passes, Ctrl-C, the per-example watchdog), `errors` and `exitcodes` are leaves any layer may import."""
+
+
+SCENARIO_COMMANDS = ("racefuzz.scenarios.sglang.compare",)
+"""A scenario's own command (`Scenario.compare_command`, behind `racefuzz compare`): user surface that lives
+with its scenario, so it may draw with the timeline."""
+
+
+def test_the_core_imports_nothing_from_the_layers_above_it() -> None:
+    core = [n for n in MODULES if n.startswith(CORE) and n not in SCENARIO_COMMANDS]
+    offenders = {name: _imports_any(name, USER_SURFACE) for name in core}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_the_leaves_import_only_leaves() -> None:
+    for leaf in ("racefuzz.watchdog", "racefuzz.errors", "racefuzz.exitcodes"):
+        inside = {i for i in MODULES[leaf] if i.startswith("racefuzz")}
+        assert inside <= {"racefuzz.exitcodes", "racefuzz.exitcodes.ExitCode", "racefuzz.errors"}, (leaf, inside)
