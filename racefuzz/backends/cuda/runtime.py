@@ -23,7 +23,7 @@ from racefuzz.backends.cuda.availability import one_line
 from racefuzz.backends.cuda.catalog import KERNEL_FILE, KernelCatalog, read_kernels
 from racefuzz.backends.cuda.staging import Staging
 from racefuzz.errors import BackendUnavailable, InvalidArgument
-from racefuzz.program import Program
+from racefuzz.program import HostDelay, Program
 from racefuzz.schedule import Schedule
 
 THREADS_PER_BLOCK = 128
@@ -33,8 +33,8 @@ _MAX_REDRAWS = 64
 """Extra streams drawn when torch's pool hands back one already taken (two laps of its 32-stream pool)."""
 
 GATE_TIMEOUT_US = 100_000.0
-"""How long a gate's wait kernel waits for its signal beyond everything the run is scheduled to spin (its
-delays and its launches' costs, added per run) before it gives up and marks the order infeasible: far
+"""How long a gate's wait kernel waits for its signal beyond everything the run is scheduled to spend (its
+device and host delays, its launches' costs and its host work, added per run) before it gives up and marks the order infeasible: far
 above any real wait for a kernel, short enough that an infeasible schedule costs a tenth of a second."""
 
 KernelCall = tuple[Any, tuple[int], tuple[Any, ...]]
@@ -216,6 +216,9 @@ class Runtime:
         if schedule.orders:
             scheduled_us = sum(schedule.device_delays.values()) + sum(schedule.read_spins.values())
             scheduled_us += sum(launch.cost_us or 0.0 for launch in program.launches)
+            # The host's own time too: a gate waits for a launch the host may issue only after its delays.
+            scheduled_us += sum(schedule.host_delays.values())
+            scheduled_us += sum(op.us for op in program.ops if isinstance(op, HostDelay))
             timeout = spin_ns(GATE_TIMEOUT_US + scheduled_us)
             for k, (first, then) in enumerate(schedule.orders):
                 flag = np.uint64(staged_ptr + 4 * (staging.gates_at + 2 * k))
