@@ -34,8 +34,9 @@ _MAX_REDRAWS = 64
 
 GATE_TIMEOUT_US = 100_000.0
 """How long a gate's wait kernel waits for its signal beyond everything the run is scheduled to spend (its
-device and host delays, its launches' costs and its host work, added per run) before it gives up and marks the order infeasible: far
-above any real wait for a kernel, short enough that an infeasible schedule costs a tenth of a second."""
+device and host delays, its launches' costs and its host work, added per run) before it gives up and marks
+the order infeasible: far above any real wait for a kernel, short enough that an infeasible schedule costs a
+tenth of a second."""
 
 KernelCall = tuple[Any, tuple[int], tuple[Any, ...]]
 """A bound kernel call: (CuPy kernel, grid, argument tuple); the block is `THREADS_PER_BLOCK`."""
