@@ -90,13 +90,6 @@ def decode_pct_schedule(
     return Schedule(device_delays=delays)
 
 
-def pct_schedules(
-    program: Program, *, depth: int = DEFAULT_DEPTH, min_delay_us: float = 0.0
-) -> st.SearchStrategy[Schedule]:
-    """PCT-style schedules for `program` (for properties that draw schedules directly)."""
-    return pct_bytes(depth).map(lambda data: decode_pct_schedule(data, program, depth=depth, min_delay_us=min_delay_us))
-
-
 class PctDelays:
     """The PCT-style strategy of depth `depth`, each spin `min_delay_us` longer."""
 
