@@ -5,21 +5,26 @@
 
 The device follows `--racefuzz-backend` (`sim` records on the CPU, `cuda` on the GPU, `auto` the GPU when
 usable), the number of fuzzed runs `--racefuzz-examples` (or the Hypothesis profile's), the seed
-`--racefuzz-seed`; a replay file of a manifested race goes to `--racefuzz-report-dir`.
+`--racefuzz-seed`. A race fails the test as `RaceInTrace` (a `racefuzz.testing.RaceFound`: race found), after
+its replay file (a manifested value race) and its timeline (`trace-<step>.trace.json` and `.png`) are
+written to `--racefuzz-report-dir`; a negative control that does not race fails it as
+`racefuzz.testing.Inconclusive`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from racefuzz.testing import Inconclusive, RaceFound
 from racefuzz.trace.search import Step, TraceResult
 
 _DEVICES = {"sim": "cpu", "cpu": "cpu", "cuda": "cuda", "auto": "auto"}
 
 
-class RaceInTrace(AssertionError):
-    """A traced step raced: the message is the report."""
+class RaceInTrace(RaceFound):
+    """A traced step raced (the CLI's exit code 1): the message is the report, its files written first."""
 
 
 class TraceFixture:
@@ -40,13 +45,14 @@ class TraceFixture:
         max_delays: int = 2,
         examples: int | None = None,
     ) -> TraceResult:
-        """Fuzz `step`; raise `RaceInTrace` (a failed assertion) with the report if it races.
+        """Fuzz `step`; raise `RaceInTrace` (a failed assertion) with the report if it races, after writing its
+        replay file (on a value divergence) and timeline to the report directory.
 
         `control`: a step that must race (the negative control); if it does not, the verdict on `step`
-        means nothing and this fails too.
+        means nothing and this fails as `Inconclusive`.
         """
-        from racefuzz.trace.report import render, write_replay
-        from racefuzz.trace.search import fuzz
+        from racefuzz.trace.report import render
+        from racefuzz.trace.search import fuzz, step_name
 
         options = dict(
             device=self.device,
@@ -55,14 +61,35 @@ class TraceFixture:
             max_delays=max_delays,
             seed=self.seed,
         )
-        if control is not None and not fuzz(control, **options).racy:
-            raise RaceInTrace(
-                f"the negative control {control.__qualname__} did not race: a clean verdict means nothing"
-            )
+        if control is not None:
+            caught = fuzz(control, **options)
+            if not caught.racy:
+                raise Inconclusive(
+                    f"the negative control {step_name(control)} did not race on {caught.device}: a clean verdict on "
+                    f"{step_name(step)} would mean nothing"
+                )
         result = fuzz(step, **options)
         if result.racy:
-            path = (
-                write_replay(result, self.report_dir, tuple(watch)) if result.divergence and self.report_dir else None
-            )
-            raise RaceInTrace(render(result, path))
+            path, tail = None, ""
+            if self.report_dir is not None:
+                path, written, note = self._write(result, tuple(watch))
+                tail = f"\ntimeline (host issue order): {', '.join(str(p) for p in written)}{note}"
+            raise RaceInTrace(render(result, path) + tail)
         return result
+
+    def _write(self, result: TraceResult, watch: tuple[str, ...]) -> tuple[Path | None, list[Path], str]:
+        """The replay file (on a value divergence) and timeline, in the report directory, or in a fresh
+        temporary one if it cannot be written (the third item says so)."""
+        from racefuzz.outputs import fallback_dir
+        from racefuzz.trace.report import report_stem, write_replay, write_timeline
+
+        def write(directory: Any) -> tuple[Path | None, list[Path]]:
+            replay_path = write_replay(result, directory, watch) if result.divergence else None
+            return replay_path, write_timeline(result, report_stem(result, directory))
+
+        try:
+            return (*write(self.report_dir), "")
+        except OSError as exc:
+            elsewhere = fallback_dir()
+            note = f"; {self.report_dir} could not be written ({exc.strerror or exc}), so they went to {elsewhere}"
+            return (*write(elsewhere), note)

@@ -439,7 +439,7 @@ class Recorder:
             for snaps in self.record.snapshots.values():
                 for snap in snaps:
                     snap.data = snap.data.cpu()
-            self.record.outputs = {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in outputs.items()}
+            self.record.outputs = {k: _to_host(v) for k, v in outputs.items()}
         finally:
             self.paused -= 1
         return self.record
@@ -467,6 +467,20 @@ class Recorder:
         finally:
             self.paused -= 1
         return self.launch(kernel, kind, call, reads, writes)
+
+
+def _to_host(value: Any) -> Any:
+    """A host copy of a returned value: tensors detached and moved to the CPU, inside lists, tuples and dicts too."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu()
+    if isinstance(value, Mapping):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    if isinstance(value, tuple):
+        items = [_to_host(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
 
 
 def _not_run() -> None:

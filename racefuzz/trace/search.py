@@ -10,11 +10,13 @@ nothing, so there the verdict is the happens-before one alone (the search is ski
 from __future__ import annotations
 
 import importlib
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
 from racefuzz.trace.convert import TraceRace, find_trace_races
 from racefuzz.trace.model import HOST, TraceLaunch
 from racefuzz.trace.oracle import Divergence, compare
@@ -82,13 +84,25 @@ def load_step(spec: str) -> Step:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """`auto` -> `cuda` if usable, else `cpu`; `cuda` that is not usable here -> `BackendUnavailable` (exit 2),
+    before any of the user's code runs."""
+    if device == "auto":
+        try:
+            import torch
+        except ImportError:
+            return "cpu"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        try:
+            import torch
+        except ImportError:
+            raise BackendUnavailable(f"device {device!r} needs torch with CUDA, and torch is not installed") from None
+        if not torch.cuda.is_available():
+            raise BackendUnavailable(
+                f"device {device!r} is not usable here (torch {torch.__version__}: torch.cuda.is_available() is "
+                "False); record on the CPU instead (--device cpu)"
+            )
+    return device
 
 
 def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
@@ -99,8 +113,15 @@ def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
     recorder = Recorder(device, **recorder_options)
     env = TraceEnv(recorder, device)
     with recording(recorder):
-        outputs = step(env) or {}
-    return recorder.finish(outputs)
+        returned = step(env)
+    if returned is None:
+        returned = {}
+    elif not isinstance(returned, Mapping):
+        raise UserCodeError(
+            f"the step {step_name(step)} returned a {type(returned).__name__}: a step returns a dict of name -> "
+            'tensor (what the value oracle compares), e.g. `return {"out": out}`, or None'
+        )
+    return recorder.finish(returned)
 
 
 def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
@@ -115,9 +136,18 @@ def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
 
 
 def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | None:
-    """The launches that read or write a storage named in `watch` (None: no filter)."""
+    """The launches that read or write a storage named in `watch` (None: no filter); a name that no storage
+    of the reference run has is an `InvalidArgument` (it would silently turn the value checks off)."""
     if not watch:
         return None
+    names = {storage.name for storage in reference.trace.storages.values()}
+    unknown = sorted(set(watch) - names)
+    if unknown:
+        given = sorted(name for name in names if not _AUTO_NAME.match(name))
+        known = ", ".join(given) if given else "none (name a tensor with env.name(tensor, name))"
+        raise InvalidArgument(
+            f"unknown watch name(s) {', '.join(unknown)}: no storage of the step is called that; named: {known}"
+        )
     keys = {key for key, storage in reference.trace.storages.items() if storage.name in watch}
     ops = reference.trace.ops
     chosen = set()
@@ -126,6 +156,10 @@ def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | N
         if isinstance(launch, TraceLaunch) and any(a.storage in keys for a in (*launch.reads, *launch.writes)):
             chosen.add(ordinal)
     return chosen
+
+
+_AUTO_NAME = re.compile(r"tmp\d+ \(")
+"""The name the recorder gives a storage the step did not name (`tmp3 (aten.zeros.default)`)."""
 
 
 def run_with_delays(
@@ -235,10 +269,10 @@ def fuzz(
     reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
     races = find_trace_races(reference.trace)
     result = TraceResult(step_name(step), device, reference, races)
+    ordinals = watched_ordinals(reference, watch)  # an unknown name is an error on the CPU too
     if device == "cpu":
         result.searched = False
         return result
-    ordinals = watched_ordinals(reference, watch)
 
     def attempt(delays: list[DelayPoint]) -> Divergence | None:
         return judge_run(reference, run_with_delays(step, device, reference, delays), ordinals)

@@ -42,3 +42,27 @@ def test_the_fixture_fails_a_racy_step_and_passes_a_synced_one_beside_its_contro
             "*req_to_token[[]1, 0:8[]]*",
         ]
     )
+
+
+def test_the_fixture_writes_the_timeline_and_shows_an_uncaught_control_as_inconclusive(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(
+        test_user=textwrap.dedent(
+            """
+            from racefuzz.trace.example import racy_step, synced_step
+
+            def test_racy(racefuzz_trace):
+                racefuzz_trace.fuzz(racy_step)
+
+            def test_uncaught_control(racefuzz_trace):
+                racefuzz_trace.fuzz(synced_step, control=synced_step)
+            """
+        )
+    )
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess(*PLUGIN, "--racefuzz-backend", "sim", "--racefuzz-report-dir", str(reports))
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*racefuzz: inconclusive: the negative control *synced_step did not race*"])
+    assert (reports / "trace-racefuzz.trace.example.racy_step.trace.json").exists()

@@ -311,9 +311,11 @@ def test_a_replay_file_reruns_its_step_with_its_delays(tmp_path, capsys):
             }
         )
     )
-    # On the CPU the run is eager: the delays are applied (recorded) but cannot reorder anything.
-    assert trace_cli(["--replay", str(path), "--repeat", "2"]) == 0
-    assert "reproduced in 0/2 run(s)" in capsys.readouterr().out
+    # On the CPU the run is eager: a delay cannot reorder anything, so the happens-before verdict is re-judged.
+    assert trace_cli(["--replay", str(path), "--repeat", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "reproduced as 1 happens-before race(s)" in out and "req_to_token[1, 0:8]" in out
+    assert "reproduced in 0/2" not in out
     path.write_text(json.dumps({"format": "racefuzz-replay"}))
     with pytest.raises(ReplayError, match="not a racefuzz trace replay file"):
         trace_cli(["--replay", str(path)])
@@ -338,8 +340,11 @@ def test_racefuzz_replay_runs_a_trace_replay_file(tmp_path, capsys):
     from racefuzz.cli import main
 
     path = _trace_replay_file(tmp_path / "replay.json")
-    assert main(["replay", str(path), "--repeat", "2"]) == 0
-    assert "reproduced in 0/2 run(s)" in capsys.readouterr().out
+    assert main(["replay", str(path), "--repeat", "2"]) == 1  # the happens-before race, on the CPU
+    assert "reproduced as 1 happens-before race(s)" in capsys.readouterr().out
+    synced = _trace_replay_file(tmp_path / "synced.json", step="racefuzz.trace.example:synced_step")
+    assert main(["replay", str(synced)]) == 0
+    assert "can only be re-run on a GPU" in capsys.readouterr().out
     assert main(["replay", str(path), "--backend", "sim"]) == 2
     assert "is a trace replay file" in capsys.readouterr().err
 
@@ -362,3 +367,147 @@ def test_a_trace_replay_file_out_of_range_is_one_usage_line(tmp_path, capsys, fi
     assert main(["replay", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# --- review findings -----------------------------------------------------------------------------------
+
+
+def test_identical_outputs_holding_nan_or_nested_in_containers_do_not_diverge():
+    def step(env):
+        with env.use(env.stream("forward")):
+            logits = torch.tensor([1.0, float("nan"), -0.0])
+            pair = (logits * 2, torch.arange(3))
+        return {"logits": logits, "pair": pair, "by_layer": {"0": [logits + 1]}, "nan": float("nan")}
+
+    reference = run_once(step, "cpu", serialize=True)
+    fuzzed = run_once(step, "cpu", evaluate_annotations=False, snapshot_plan=reference.snapshots)
+    assert compare(reference, fuzzed) is None
+    assert isinstance(reference.outputs["pair"], tuple) and isinstance(
+        reference.outputs["by_layer"]["0"][0], torch.Tensor
+    )
+
+
+def test_outputs_that_differ_inside_a_container_or_in_a_nan_are_an_output_divergence():
+    def step(env, value):
+        with env.use(env.stream("forward")):
+            out = torch.tensor([1.0, value])
+        return {"nested": {"rows": [out]}}
+
+    reference = run_once(lambda env: step(env, float("nan")), "cpu", serialize=True)
+    for other in (2.0, -float("nan")):  # a different value, and a NaN of another sign bit
+        fuzzed = run_once(lambda env, v=other: step(env, v), "cpu", snapshot_plan=reference.snapshots)
+        divergence = compare(reference, fuzzed)
+        assert divergence is not None and divergence.kind == "output" and "'nested'" in divergence.detail
+
+
+def test_a_step_returning_a_bare_tensor_is_one_user_code_line_saying_what_is_expected(capsys):
+    from racefuzz.cli import main
+    from racefuzz.errors import UserCodeError
+
+    with pytest.raises(UserCodeError, match=r"returned a Tensor: a step returns a dict of name -> tensor"):
+        run_once(lambda env: torch.ones(3), "cpu", serialize=True)
+    assert main(["trace", "test_trace:bare_tensor_step", "--device", "cpu"]) == 4
+    err = capsys.readouterr().err
+    assert "returned a Tensor" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def bare_tensor_step(env):
+    return torch.ones(3)
+
+
+def test_an_unknown_watch_name_is_a_usage_error_listing_the_named_storages(capsys):
+    from racefuzz.cli import main
+    from racefuzz.errors import InvalidArgument
+    from racefuzz.trace.search import watched_ordinals
+
+    reference = run_once(overlap, "cpu", serialize=True)
+    with pytest.raises(InvalidArgument, match=r"unknown watch name\(s\) req_to_tokn: .*named: req_to_token$"):
+        watched_ordinals(reference, ["req_to_token", "req_to_tokn"])
+    with pytest.raises(InvalidArgument, match="req_to_tokn"):
+        fuzz(overlap, device="cpu", watch=["req_to_tokn"])  # on the CPU too, where no value check runs
+    code = main(["trace", "racefuzz.trace.example:racy_step", "--device", "cpu", "--watch", "kv"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown watch name(s) kv" in err and "req_to_token" in err
+
+
+def failing_step(env):
+    raise RuntimeError("the step's own bug")
+
+
+def test_a_failing_control_or_replayed_step_is_an_error_in_user_code_not_an_internal_one(tmp_path, capsys):
+    from racefuzz.cli import main
+
+    code = main(
+        ["trace", "racefuzz.trace.example:synced_step", "--device", "cpu", "--control", "test_trace:failing_step"]
+    )
+    err = capsys.readouterr().err
+    assert code == 4 and "negative control test_trace:failing_step failed" in err and "the step's own bug" in err
+    path = _trace_replay_file(tmp_path / "replay.json", step="test_trace:failing_step")
+    for argv in (["trace", "--replay", str(path)], ["replay", str(path)]):
+        assert main(argv) == 4
+        err = capsys.readouterr().err
+        assert "replayed step test_trace:failing_step failed" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cuda_without_a_usable_gpu_is_a_usage_error_before_any_user_code_runs(tmp_path, capsys, monkeypatch):
+    from racefuzz.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ran = []
+    monkeypatch.setattr("racefuzz.trace.search.load_step", lambda spec: ran.append(spec))
+    assert main(["trace", "racefuzz.trace.example:racy_step", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "'cuda' is not usable here" in err and len(err.strip().splitlines()) == 1
+    path = _trace_replay_file(tmp_path / "replay.json", device="cuda")
+    for argv in (["trace", "--replay", str(path)], ["replay", str(path)]):
+        assert main(argv) == 2
+        assert "'cuda' is not usable here" in capsys.readouterr().err
+    assert ran == []  # the step's module was never even imported
+
+
+def test_a_bad_report_dir_is_refused_before_the_step_runs(tmp_path, capsys, monkeypatch):
+    from racefuzz.cli import main
+
+    ran = []
+    monkeypatch.setattr("racefuzz.trace.search.load_step", lambda spec: ran.append(spec))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["trace", "racefuzz.trace.example:racy_step", "--device", "cpu", "--report-dir", str(blocker / "d")])
+    assert code == 2 and "--report-dir" in capsys.readouterr().err and ran == []
+
+
+def test_a_report_dir_that_goes_bad_during_the_run_falls_back_to_a_temporary_one(tmp_path, capsys, monkeypatch):
+    """The directory is removed (and a file put in its place) while the step runs: the race is kept."""
+    from racefuzz.cli import main
+    from racefuzz.trace.example import racy_step
+
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+
+    def step(env):
+        report_dir.rmdir()
+        report_dir.write_text("not a directory any more")
+        return racy_step(env)
+
+    monkeypatch.setattr("racefuzz.trace.search.load_step", lambda spec: step)
+    assert main(["trace", "whatever:step", "--device", "cpu", "--report-dir", str(report_dir)]) == 1
+    captured = capsys.readouterr()
+    assert f"cannot write to --report-dir {report_dir}" in captured.err
+    elsewhere = captured.err.strip().rsplit(" go to ", 1)[1]
+    assert "RACE" in captured.out and elsewhere in captured.out
+    assert any(p.name.endswith(".trace.json") for p in __import__("pathlib").Path(elsewhere).iterdir())
+
+
+def test_the_fixture_writes_the_timeline_of_a_race_and_fails_an_uncaught_control_as_inconclusive(tmp_path):
+    from racefuzz.testing import Inconclusive, RaceFound
+    from racefuzz.trace.example import racy_step, synced_step
+    from racefuzz.trace.fixture import RaceInTrace, TraceFixture
+
+    fixture = TraceFixture("sim", 10, None, tmp_path)
+    with pytest.raises(RaceInTrace) as raised:
+        fixture.fuzz(racy_step)
+    assert isinstance(raised.value, RaceFound)
+    timeline = tmp_path / "trace-racefuzz.trace.example.racy_step.trace.json"
+    assert timeline.exists() and str(timeline) in str(raised.value)
+    with pytest.raises(Inconclusive, match=r"negative control racefuzz\.trace\.example:synced_step did not race"):
+        fixture.fuzz(synced_step, control=synced_step)
