@@ -20,6 +20,7 @@ Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `l
 from __future__ import annotations
 
 from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
+from racefuzz.scenarios.sglang.designs.record_stream import RecordStream
 from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS, LATER_HAZARDS, LIFETIME_HAZARDS
 
 ALL = ALL_HAZARDS
@@ -299,7 +300,7 @@ class ChunkedRowRecycled(_WarAfterLaunch):
     )
 
 
-class NoRecordStream:
+class NoRecordStream(RecordStream):
     """Base `record-stream` (clean under every hazard, the tensor-lifetime one included), mutated back."""
 
     name = "mutant-34076-no-record-stream"
@@ -313,14 +314,7 @@ class NoRecordStream:
     hazards: tuple[str, ...] = LIFETIME_HAZARDS
     plan_stream: bool | None = None
     equivalent: str | None = None
-    record_stream_mix_indices = False
-
-    def forward_end(self, ctx) -> None:
-        if ctx.is_decode:
-            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done_post_replay")
-
-    def after_launch(self, ctx) -> None:
-        apply_war_barrier(ctx)
+    record_stream_mix_indices = False  # the whole mutation: the barrier is the base's
 
 
 class SwaNoWarBarrier:
