@@ -340,7 +340,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     if call.excinfo is None or not report.failed or item.config.get_verbosity() >= 2:
         return
     module = type(call.excinfo.value).__module__ or ""
-    kind = FAILURE_KINDS.get(type(call.excinfo.value).__name__)
+    # By the nearest class in the table: a subclass (the trace fixture's RaceInTrace is a RaceFound) counts too.
+    classes = type(call.excinfo.value).__mro__
+    kind = next((FAILURE_KINDS[c.__name__] for c in classes if c.__name__ in FAILURE_KINDS), None)
     if kind is None or not module.startswith("racefuzz"):
         return
     message = str(call.excinfo.value).split("\nFalsifying example", 1)[0]

@@ -38,7 +38,7 @@ def test_the_fixture_fails_a_racy_step_and_passes_a_synced_one_beside_its_contro
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*RaceInTrace*==== racefuzz trace: RACE in racefuzz.trace.example:racy_step (cpu) ====*",
+            "*racefuzz: race found: ==== racefuzz trace: RACE in racefuzz.trace.example:racy_step (cpu) ====*",
             "*req_to_token[[]1, 0:8[]]*",
         ]
     )
