@@ -154,9 +154,11 @@ class Search:
         try:
             execution = started.finish() if started is not None else self.run_program(program, schedule)
         except ScheduleInfeasible:
-            # A forced order the run could not realize (on the GPU: a gate's wait timed out). No verdict for
-            # this member, and not an error of the search: it is counted and reported, never judged.
+            # A forced order the run could not realize (on the GPU: a gate's wait timed out): no run to judge,
+            # and not an error of the search; it is counted and reported. Happens-before judges the workload
+            # for every schedule, so its verdict still counts.
             self.infeasible += 1
+            self._note_racy(example)
             return
         # The simulator returns the very reference object for a run that applied every conflict in issue order.
         observed = execution.observations
@@ -188,10 +190,14 @@ class Search:
             if self.first_failure is None:
                 self.first_failure = self.last_failure
             raise _Manifested
+        self._note_racy(example)
+
+    def _note_racy(self, example: Example) -> None:
+        """Count a workload with an unordered conflicting pair (happens-before's verdict, schedule-free)."""
         if example.racy:
             self.racy += 1
             if self.racy_witness is None:
-                self.racy_witness = (workload, example.key)
+                self.racy_witness = (example.workload, example.key)
             self._detected(manifested=False)
 
     def _reproduces(self, example: Example) -> bool:
@@ -400,8 +406,8 @@ def search(
     `workload_options` go to the scenario's workload space (for sglang's overlap loop: `plan_stream`,
     `fixed_iterations`, `max_requests`, `max_iterations`); an unknown one is an InvalidArgument.
 
-    `strategy` picks the delay schedules (`racefuzz.schedulers.STRATEGIES`: `random` with up to
-    `max_delays` delays, `pct` of depth `pct_depth`, `none`).
+    `strategy` picks the schedules (`racefuzz.schedulers.STRATEGIES`: `random` with up to `max_delays` delays,
+    `pct` of depth `pct_depth`, `orders` and `interleave` (forced orders, up to `max_delays`), `none`).
 
     `repeat` (k): an example whose loads differ is re-run until it has run k times, and counts as a
     manifested race only when all k runs differ; otherwise it is recorded in `SearchResult.flaky` with its

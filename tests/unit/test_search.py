@@ -74,3 +74,16 @@ def test_an_infeasible_forced_order_skips_that_run_and_the_search_goes_on() -> N
     assert not result.found
     assert result.infeasible == 1
     assert result.examples == 500
+
+
+def test_an_infeasible_run_still_counts_its_workloads_happens_before_verdict() -> None:
+    """A racy workload whose run could not be realized is still racy: happens-before needs no run."""
+    from racefuzz.schedule import ScheduleInfeasible
+
+    class AlwaysInfeasible:
+        def __call__(self, program, schedule):
+            raise ScheduleInfeasible("gate timed out")
+
+    result = search(load_design("none"), AlwaysInfeasible(), examples=50, seed=0, shrink=False)
+    assert result.infeasible > 0 and result.racy_examples > 0
+    assert result.found  # the unordered pair, reported without a manifested run
