@@ -2,7 +2,9 @@
 
 On the simulator a replay is deterministic: it reproduces or racefuzz has a bug. On the GPU it runs
 `--repeat` times and says how many reproduced the manifested corruption. Every field of the file is checked
-against its documented range before anything runs (`racefuzz.report.ReplayFile.from_json`).
+against its documented range before anything runs (`racefuzz.report.ReplayFile.from_json`). A replay file
+of `racefuzz trace` (real code) is re-run by `racefuzz.commands.trace.replay_trace`, as `racefuzz trace
+--replay FILE` does.
 """
 
 from __future__ import annotations
