@@ -111,7 +111,9 @@ def prove_command(args: argparse.Namespace) -> int:
         if proof.racing:
             code = ExitCode.RACE
             for c in proof.counterexamples:
-                _say(f"  racing workload ({c.options}): {scenario.describe(c.workload)}: {c.what}")
+                # describe() summarizes; the workload's JSON tells apart those it summarizes alike.
+                exact = json.dumps(c.workload.to_json(), separators=(",", ":"))
+                _say(f"  racing workload ({c.options}): {scenario.describe(c.workload)} {exact}: {c.what}")
         elif not control.racing:
             _say("INCONCLUSIVE: the control races nowhere in this bound; the proof says nothing")
             code = ExitCode.INCONCLUSIVE
