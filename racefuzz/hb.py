@@ -21,7 +21,6 @@ every run" in constant time (the forced-order strategies use it).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from enum import Enum
 
@@ -37,6 +36,7 @@ from racefuzz.program import (
     StreamSync,
     WaitEvent,
     WaitStream,
+    per_program,
 )
 
 
@@ -149,28 +149,15 @@ class Analysis:
         return seq <= self.clocks[b][2][stream]
 
 
-_ANALYSES: dict[int, tuple[weakref.ref[Program], Analysis]] = {}
-ANALYSES_KEPT = 64
-"""Programs whose `analysis` is kept (a search reruns most of its workloads' programs)."""
-
-
+@per_program
 def analysis(program: Program) -> Analysis:
     """`program`'s races (as `find_races` gives them) and its launch ordering; the same object for the last
-    ANALYSES_KEPT programs (the simulator and the forced-order strategy ask once per run)."""
-    known = _ANALYSES.get(id(program))
-    if known is not None and known[0]() is program:
-        return known[1]
+    PROGRAMS_KEPT programs (the simulator and the forced-order strategy ask once per run)."""
     clocks = _SnapshotClocks(len(program.streams), len(program.events), len(program.buffers))
     clocks.visit_all(program.ops)
     races = clocks.races
     races.sort(key=lambda race: (race.second.index, race.first.index))
-    result = Analysis(tuple(races), clocks.snapshots)
-    if len(_ANALYSES) >= ANALYSES_KEPT:
-        dead = [key for key, (ref, _) in _ANALYSES.items() if ref() is None]
-        for key in dead or list(_ANALYSES)[: ANALYSES_KEPT // 2]:
-            del _ANALYSES[key]
-    _ANALYSES[id(program)] = (weakref.ref(program), result)
-    return result
+    return Analysis(tuple(races), clocks.snapshots)
 
 
 WIDE_ROWS = 8

@@ -7,13 +7,12 @@ each launch in order, copy out what it loads, then apply what it stores.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from racefuzz.program import Launch, Program
+from racefuzz.program import Launch, Program, per_program
 
 Observations = dict[int, tuple[np.ndarray, ...]]
 """Launch index -> what it loaded, one array per entry of `launch.reads`, shaped like that range."""
@@ -54,25 +53,12 @@ def replay_in_order(program: Program, order: Iterable[Launch], *, track_writers:
     return Replay(observations, writers if track_writers else None)
 
 
-_IN_ORDER: dict[int, tuple[weakref.ref[Program], Observations]] = {}
-IN_ORDER_KEPT = 64
-"""Programs whose in-order loads `in_order_loads` keeps (a search reruns most of its workloads' programs)."""
-
-
+@per_program
 def in_order_loads(program: Program) -> Observations:
     """What every reading launch loads when `program` runs in host issue order: the sequential reference.
 
-    Kept for the last IN_ORDER_KEPT programs, and the same object every time for one program, so that the
+    Kept for the last PROGRAMS_KEPT programs, and the same object every time for one program, so that the
     simulator can return it for a run that applied every conflict in issue order and the search can tell
     such a run by identity (`observed is expected`) without comparing arrays. Read-only: do not mutate it.
     """
-    known = _IN_ORDER.get(id(program))
-    if known is not None and known[0]() is program:
-        return known[1]
-    loads = replay_in_order(program, program.launches).observations
-    if len(_IN_ORDER) >= IN_ORDER_KEPT:
-        dead = [key for key, (ref, _) in _IN_ORDER.items() if ref() is None]
-        for key in dead or list(_IN_ORDER)[: IN_ORDER_KEPT // 2]:
-            del _IN_ORDER[key]
-    _IN_ORDER[id(program)] = (weakref.ref(program), loads)
-    return loads
+    return replay_in_order(program, program.launches).observations

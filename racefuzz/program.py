@@ -12,7 +12,9 @@ tensor are told apart from disjoint ones (PyTorch's CSAN keys accesses by `data_
 
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -339,3 +341,31 @@ class Program:
     @property
     def launches(self) -> list[Launch]:
         return [op for op in self.ops if isinstance(op, Launch)]
+
+
+PROGRAMS_KEPT = 64
+"""Programs whose derived facts a `per_program` function keeps (a search reruns most of its workloads'
+programs)."""
+
+D = TypeVar("D")
+
+
+def per_program(derive: Callable[[Program], D]) -> Callable[[Program], D]:
+    """`derive`, memoized on the program object: the same result object for the same program, for the last
+    PROGRAMS_KEPT programs. Keyed by identity (a program is immutable, and two equal ones are built apart);
+    a weak reference tells a live program from a dead one whose id was reused."""
+    kept: dict[int, tuple[weakref.ref[Program], D]] = {}
+
+    def memoized(program: Program) -> D:
+        known = kept.get(id(program))
+        if known is not None and known[0]() is program:
+            return known[1]
+        result = derive(program)
+        if len(kept) >= PROGRAMS_KEPT:
+            dead = [key for key, (ref, _) in kept.items() if ref() is None]
+            for key in dead or list(kept)[: PROGRAMS_KEPT // 2]:
+                del kept[key]
+        kept[id(program)] = (weakref.ref(program), result)
+        return result
+
+    return functools.update_wrapper(memoized, derive)

@@ -24,7 +24,6 @@ The GPU kernels in `kernels/` follow the same shape: readers spin, then load; wr
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -46,6 +45,7 @@ from racefuzz.program import (
     StreamSync,
     WaitEvent,
     WaitStream,
+    per_program,
 )
 from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
 
@@ -130,23 +130,10 @@ class _ProgramFacts(NamedTuple):
     unordered_conflicts: tuple[tuple[int, int], ...]
 
 
-_FACTS: dict[int, tuple[weakref.ref[Program], _ProgramFacts]] = {}
-FACTS_KEPT = 64
-"""Programs whose facts the simulator keeps (a search reruns most of its workloads' programs)."""
-
-
+@per_program
 def _facts(program: Program) -> _ProgramFacts:
-    known = _FACTS.get(id(program))
-    if known is not None and known[0]() is program:
-        return known[1]
     pairs = tuple(dict.fromkeys((race.first.index, race.second.index) for race in analysis(program).races))
-    facts = _ProgramFacts(program.launches, pairs)
-    if len(_FACTS) >= FACTS_KEPT:
-        dead = [key for key, (ref, _) in _FACTS.items() if ref() is None]
-        for key in dead or list(_FACTS)[: FACTS_KEPT // 2]:
-            del _FACTS[key]
-    _FACTS[id(program)] = (weakref.ref(program), facts)
-    return facts
+    return _ProgramFacts(program.launches, pairs)
 
 
 class _Machine(OpVisitor[None]):

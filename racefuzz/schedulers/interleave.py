@@ -10,13 +10,11 @@ the checker did not see, or a gate that did not hold), and on the GPU it measure
 
 from __future__ import annotations
 
-import weakref
-
 from hypothesis import strategies as st
 
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import analysis
-from racefuzz.program import Program
+from racefuzz.program import Program, per_program
 from racefuzz.schedule import Order, Schedule
 from racefuzz.schedulers.orders import ForcedSet
 
@@ -24,10 +22,6 @@ NAME = "interleave"
 DESCRIPTION = "forced orders among all unordered launch pairs, conflicting or not (gates; tests the checker)"
 
 _ORDER = 2
-
-_PAIRS: dict[int, tuple[weakref.ref[Program], list[Order]]] = {}
-PAIRS_KEPT = 64
-"""Programs whose unordered launch pairs are kept (a search reruns most of its workloads' programs)."""
 
 
 class ForcedInterleaving:
@@ -47,25 +41,17 @@ class ForcedInterleaving:
         return decode_interleaving(data, program)
 
 
+@per_program
 def unordered_launch_pairs(program: Program) -> list[Order]:
     """Every (earlier, later) pair of launches on different streams with no happens-before edge, in issue order."""
-    known = _PAIRS.get(id(program))
-    if known is not None and known[0]() is program:
-        return known[1]
     facts = analysis(program)
     launches = program.launches
-    pairs = [
+    return [
         (a.index, b.index)
         for j, b in enumerate(launches)
         for a in launches[:j]
         if a.stream != b.stream and not facts.ordered(a.index, b.index)
     ]
-    if len(_PAIRS) >= PAIRS_KEPT:
-        dead = [key for key, (ref, _) in _PAIRS.items() if ref() is None]
-        for key in dead or list(_PAIRS)[: PAIRS_KEPT // 2]:
-            del _PAIRS[key]
-    _PAIRS[id(program)] = (weakref.ref(program), pairs)
-    return pairs
 
 
 def decode_interleaving(data: bytes, program: Program) -> Schedule:
