@@ -20,6 +20,7 @@ Load one like a built-in: `racefuzz run --design mutant-plan-exit-self-wait`, `l
 from __future__ import annotations
 
 from racefuzz.scenarios.sglang.designs.global_war import apply_war_barrier
+from racefuzz.scenarios.sglang.designs.read_done import ReadDone
 from racefuzz.scenarios.sglang.designs.record_stream import RecordStream
 from racefuzz.scenarios.sglang.strategies import ALL_HAZARDS, HAZARDS, LATER_HAZARDS, LIFETIME_HAZARDS
 
@@ -236,8 +237,9 @@ class PlanOverwritesDraftReads(_WarAfterLaunch):
         """No `plan_stream.wait_stream(schedule_stream)`: the barrier's edge is not inherited."""
 
 
-class ReadDoneBeforeReplay:
-    """Base `read-done-post-replay` (clean under every hazard, replay reads included), mutated back."""
+class ReadDoneBeforeReplay(_WarAfterLaunch):
+    """Base `read-done-post-replay` (clean under every hazard, replay reads included), mutated back: its
+    hooks become war-after-launch's, whose `read_done` is recorded before the replay."""
 
     name = "mutant-30261-read-done-before-replay"
     description = (
@@ -248,19 +250,11 @@ class ReadDoneBeforeReplay:
     )
     base = "read-done-post-replay"
     hazards: tuple[str, ...] = ALL_HAZARDS + LATER_HAZARDS
-    plan_stream: bool | None = None
-    equivalent: str | None = None
-
-    def after_reads(self, ctx) -> None:
-        if ctx.is_decode:
-            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
-
-    def after_launch(self, ctx) -> None:
-        apply_war_barrier(ctx)
 
 
-class SwaRecoveryFastPath:
-    """Base `global-war` with #29353's forced coarse barrier (clean under the SWA and replay hazards)."""
+class SwaRecoveryFastPath(ReadDone):
+    """Base `global-war` with #29353's forced coarse barrier (clean under the SWA and replay hazards),
+    mutated to `read-done`'s hooks: the loop-top barrier with the read-done fast path."""
 
     name = "mutant-29352-swa-fast-path"
     description = (
@@ -273,13 +267,6 @@ class SwaRecoveryFastPath:
     hazards: tuple[str, ...] = ("swa-mapping", "replay-reads")
     plan_stream: bool | None = None
     equivalent: str | None = None
-
-    def after_reads(self, ctx) -> None:
-        if ctx.is_decode:
-            ctx.state["read_done"] = ctx.forward_stream.record_event("read_done")
-
-    def loop_top(self, ctx) -> None:
-        apply_war_barrier(ctx)
 
 
 class ChunkedRowRecycled(_WarAfterLaunch):
