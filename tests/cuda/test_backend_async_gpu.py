@@ -13,6 +13,7 @@ import pytest
 
 from racefuzz.backends import executor
 from racefuzz.designs import load_design
+from racefuzz.litmus import all_litmus
 from racefuzz.oracle import expected_observations, find_corruptions
 from racefuzz.program import Program
 from racefuzz.scenarios.sglang import HAZARDS, MAX_ITERATIONS, build_program, decode_workload
@@ -60,7 +61,11 @@ def test_preparing_the_next_run_neither_waits_for_nor_disturbs_the_running_one()
 
     from racefuzz.backends import cuda
 
-    running_program, next_program = _program(PROGRAMS[0]), _program(PROGRAMS[1])
+    # The running program must end in a device launch: an sglang program ends by processing its last
+    # result (the host blocks on copy_done), so its run is over when `start()` returns. A race-free litmus
+    # whose last op is a launch after a wait_stream stays on the GPU after its issue.
+    running_program = next(lit for lit in all_litmus() if lit.name == "war_wait_stream").program
+    next_program = _program(PROGRAMS[1])
     last = running_program.launches[-1]
     # 30 ms of spin before the last launch: the run is still on the GPU long after its ops are issued.
     running = cuda.prepare(running_program, Schedule(device_delays={last.index: 30_000.0})).start()

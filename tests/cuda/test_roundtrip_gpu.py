@@ -1,6 +1,8 @@
 """On the GPU: for each racy (design, hazard) cell of docs/designs.md, `racefuzz run --backend cuda`
-fails and writes the replay file, and `racefuzz replay --backend cuda --repeat 5` of it reproduces 5/5
-and prints the same report."""
+fails and writes the replay file, and `racefuzz replay --backend cuda --repeat 5` of it prints the same
+report; where the cell's race manifests (a corrupted load), the replay reproduces it 5/5. A cell racy on
+masked columns only (none and self-event on plan-stream: loaded, not used) can never manifest, so its run
+reports the happens-before verdict, and so does its replay."""
 
 from __future__ import annotations
 
@@ -13,15 +15,15 @@ from racefuzz.cli import main
 from racefuzz.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
-RACY = [
-    (c["design"], c["hazard"])
-    for c in json.loads((ROOT / "docs/results/design-matrix.json").read_text())["cells"]
-    if c.get("replay_file")
-]
+CELLS = [c for c in json.loads((ROOT / "docs/results/design-matrix.json").read_text())["cells"] if c.get("replay_file")]
+RACY = [(c["design"], c["hazard"], c["manifested"]) for c in CELLS]
+EXAMPLES = 3000
+"""The search stops at its first manifested corruption; the simulator's matrix needed up to 1,356 examples
+for a cell (self-event on recycled-row-prefill), and seed 0 of none on it needs more than 500."""
 
 
-@pytest.mark.parametrize(("design", "hazard"), RACY, ids=[f"{d}-{h}" for d, h in RACY])
-def test_gpu_fail_write_replay_same_report(design: str, hazard: str, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(("design", "hazard", "manifests"), RACY, ids=[f"{d}-{h}" for d, h, _ in RACY])
+def test_gpu_fail_write_replay_same_report(design: str, hazard: str, manifests: bool, tmp_path: Path, capsys) -> None:
     argv = [
         "run",
         "--backend",
@@ -31,7 +33,7 @@ def test_gpu_fail_write_replay_same_report(design: str, hazard: str, tmp_path: P
         "--hazards",
         hazard,
         "--examples",
-        "500",
+        str(EXAMPLES),
         "--quiet",
         "--no-control",
         "--report-dir",
@@ -45,5 +47,9 @@ def test_gpu_fail_write_replay_same_report(design: str, hazard: str, tmp_path: P
     assert (tmp_path / f"{replay_file.stem}.png").exists() or (tmp_path / f"{replay_file.stem}.trace.json").exists()
     assert main(["replay", str(replay_file), "--repeat", "5"]) == ExitCode.RACE
     replay_out = capsys.readouterr().out
-    assert "reproduced the manifested corruption in 5/5 run(s) on cuda" in replay_out
+    if manifests:
+        assert "verdict: manifested corruption" in report
+        assert "reproduced the manifested corruption in 5/5 run(s) on cuda" in replay_out
+    else:
+        assert "not manifested under this schedule" in report and "masked column" in report
     assert replay_out.startswith(report)
