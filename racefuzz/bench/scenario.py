@@ -6,20 +6,36 @@ The default workload distribution is up to 8 requests; figures are given for exa
 issue's "default workload") and for 1 to 8 iterations (what `racefuzz run` draws), each the median of
 three runs of 3000 examples. Goal: >= 1,000 examples/s on the default workload (8 iterations). Run it
 pinned to one core: `taskset -c 0 racefuzz bench scenario`.
+
+`host_cost()` (`python -m racefuzz.bench.scenario --host-cost`) measures the other half of a GPU search:
+the host time per example spent *outside* the backend (Hypothesis' draw, decoding the workload, building
+the program, the sequential reference, the happens-before verdict, the schedule's decode, the search's
+bookkeeping and the comparison of the loads with the reference). It runs `search` with the settings
+`racefuzz bench gpu` uses (a batch of DEFAULT_GPU_BATCH, k = DEFAULT_GPU_REPEAT, 300 us minimum delay)
+against `NullExecutor`, a `PreparingExecutor` that runs nothing and returns the reference loads as fresh
+arrays, as the CUDA backend returns what it read back; the seconds spent inside it are subtracted.
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
 import time
+import weakref
 from datetime import datetime, timezone
+from typing import Any
 
-from racefuzz.backends import executor
+import numpy as np
+
+from racefuzz.backends import Execution, executor
 from racefuzz.designs import load_design
+from racefuzz.memory import Observations, in_order_loads
+from racefuzz.program import Program
 from racefuzz.progress import progress
 from racefuzz.scenarios.sglang import HAZARDS, PRE_LAUNCH_HAZARDS
-from racefuzz.search import search
+from racefuzz.schedule import Schedule
+from racefuzz.search import DEFAULT_GPU_BATCH, DEFAULT_GPU_REPEAT, GPU_MIN_DELAY_US, search
 
 GOAL_EXAMPLES_PER_S = 1000
 EXAMPLES = 3000
@@ -107,3 +123,157 @@ def render(results: dict[str, object]) -> str:
         f"{c['seconds_to_detect']} s; {c['seconds_with_shrinking']} s including shrinking"  # type: ignore[index]
     )
     return "\n".join(lines)
+
+
+# -- the host cost outside the backend -------------------------------------------------------------------
+
+HOST_COST_EXAMPLES = 1000
+HOST_COST_ROWS = (
+    # (label, strategy, exactly 8 iterations): `racefuzz bench gpu`'s rows
+    ("8 gates", "interleave", True),
+    ("1-8 gates", "interleave", False),
+    ("8", "random", True),
+    ("1-8", "random", False),
+)
+
+
+class NullExecutor:
+    """A `PreparingExecutor` that runs nothing: every run "loads" the sequential reference, copied into one
+    fresh array cut into per-range views (the shape the CUDA backend's readback has), so that the search
+    compares them as it compares a GPU run's. `seconds`: the host time spent in it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.runs = 0
+        self._layouts: dict[int, tuple[weakref.ref[Program], list[tuple[int, list[tuple[int, int]]]], np.ndarray]] = {}
+
+    def loads(self, program: Program) -> Observations:
+        start = time.perf_counter()
+        known = self._layouts.get(id(program))
+        if known is None or known[0]() is not program:
+            reference = in_order_loads(program)
+            layout = [(index, [a.shape for a in arrays]) for index, arrays in reference.items()]
+            arrays = [a for loaded in reference.values() for a in loaded]
+            flat = np.concatenate(arrays, axis=None) if arrays else np.zeros(0, np.int32)
+            known = self._layouts[id(program)] = (weakref.ref(program), layout, flat)
+        _, layout, flat = known
+        copied = flat.copy()
+        observations: Observations = {}
+        at = 0
+        for index, shapes in layout:
+            views = []
+            for rows, cols in shapes:
+                views.append(copied[at : at + rows * cols].reshape(rows, cols))
+                at += rows * cols
+            observations[index] = tuple(views)
+        self.runs += 1
+        self.seconds += time.perf_counter() - start
+        return observations
+
+    def __call__(self, program: Program, schedule: Schedule) -> Execution:
+        return Execution(self.loads(program), [], 0.0)
+
+    def prepare(self, program: Program, schedule: Schedule) -> _NullRun:
+        return _NullRun(self, program)
+
+
+class _NullRun:
+    def __init__(self, owner: NullExecutor, program: Program) -> None:
+        self.owner, self.program = owner, program
+
+    def start(self) -> _NullRun:
+        return self
+
+    def done(self) -> bool:
+        return True
+
+    def finish(self) -> Execution:
+        return Execution(self.owner.loads(self.program), [], 0.0)
+
+
+def _host_cost_run(examples: int, seed: int, strategy: str, fixed: bool) -> dict[str, Any]:
+    null = NullExecutor()
+    start = time.perf_counter()
+    result = search(
+        load_design("war-after-launch"),
+        null,
+        backend="sim",
+        strategy=strategy,
+        examples=examples,
+        seed=seed,
+        hazards=HAZARDS,
+        fixed_iterations=fixed,
+        repeat=DEFAULT_GPU_REPEAT,
+        shrink=False,
+        batch=DEFAULT_GPU_BATCH,
+        min_delay_us=GPU_MIN_DELAY_US,
+    )
+    seconds = time.perf_counter() - start
+    if result.found or result.examples != examples:
+        raise AssertionError(f"host cost: expected {examples} clean examples, got {result}")
+    return {
+        "seed": seed,
+        "seconds": seconds,
+        "outside_us": (seconds - null.seconds) / examples * 1e6,
+        "null_executor_us": null.seconds / examples * 1e6,
+        "examples_per_s": examples / seconds,
+    }
+
+
+def host_cost(examples: int = HOST_COST_EXAMPLES, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, object]:
+    """Per-example host µs outside the backend, per row of `racefuzz bench gpu` (see the module doc)."""
+    _host_cost_run(50, 99, "interleave", True)  # warm-up: imports, Hypothesis' first draws
+    rows = []
+    for label, strategy, fixed in HOST_COST_ROWS:
+        runs = [_host_cost_run(examples, seed, strategy, fixed) for seed in seeds]
+        median = sorted(runs, key=lambda run: run["outside_us"])[len(runs) // 2]
+        rows.append(
+            {
+                "row": label,
+                "strategy": strategy,
+                "iterations": "8" if fixed else "1-8",
+                "outside_us": round(median["outside_us"], 1),
+                "outside_us_each_seed": [round(run["outside_us"], 1) for run in runs],
+                "null_executor_us": round(median["null_executor_us"], 1),
+                "examples_per_s": round(median["examples_per_s"], 1),
+            }
+        )
+    return {
+        "benchmark": "scenario host cost",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "examples": examples,
+        "seeds": list(seeds),
+        "rows": rows,
+    }
+
+
+def render_host_cost(results: dict[str, object]) -> str:
+    lines = [
+        f"racefuzz host cost outside the backend  {results['date']}  python {results['python']}  "
+        f"{results['machine']}  ({results['examples']} examples, seeds {results['seeds']}, median)",
+        f"{'row':10} {'strategy':>10} {'iters':>5} {'outside us/ex':>13} {'null exec us':>12} {'ex/s':>7}  each seed",
+    ]
+    for row in results["rows"]:  # type: ignore[union-attr]
+        lines.append(
+            f"{row['row']:10} {row['strategy']:>10} {row['iterations']:>5} {row['outside_us']:>13.1f} "
+            f"{row['null_executor_us']:>12.1f} {row['examples_per_s']:>7.1f}  {row['outside_us_each_seed']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m racefuzz.bench.scenario", description=__doc__.split("\n")[0])
+    parser.add_argument("--host-cost", action="store_true", help="the host cost outside the backend (see the doc)")
+    parser.add_argument("--examples", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.host_cost:
+        print(render_host_cost(host_cost(args.examples or HOST_COST_EXAMPLES)))
+    else:
+        print(render(run(args.examples or EXAMPLES)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
