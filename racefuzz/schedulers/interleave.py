@@ -43,15 +43,26 @@ class ForcedInterleaving:
 
 @per_program
 def unordered_launch_pairs(program: Program) -> list[Order]:
-    """Every (earlier, later) pair of launches on different streams with no happens-before edge, in issue order."""
-    facts = analysis(program)
-    launches = program.launches
-    return [
-        (a.index, b.index)
-        for j, b in enumerate(launches)
-        for a in launches[:j]
-        if a.stream != b.stream and not facts.ordered(a.index, b.index)
-    ]
+    """Every (earlier, later) pair of launches on different streams with no happens-before edge, in issue order
+    (by the later launch, then the earlier).
+
+    Launch a (the k-th of its stream t, 1-based) is ordered before a later launch b iff k <= b's clock[t]
+    (`hb.Analysis.ordered`), so the launches of t left unordered with b are the suffix of t's launches
+    issued so far from position clock[t] on: a slice per stream rather than a test per pair.
+    """
+    clocks = analysis(program).clocks
+    issued: list[list[int]] = [[] for _ in program.streams]  # per stream, its launches issued so far
+    pairs: list[Order] = []
+    for b, (s, _, seen) in clocks.items():  # in issue order
+        earlier: list[int] = []
+        for t, launches in enumerate(issued):
+            if t != s and len(launches) > seen[t]:
+                earlier.extend(launches[seen[t] :])
+        if earlier:
+            earlier.sort()
+            pairs.extend([(a, b) for a in earlier])
+        issued[s].append(b)
+    return pairs
 
 
 def decode_interleaving(data: bytes, program: Program) -> Schedule:

@@ -24,7 +24,7 @@ from hypothesis.errors import FlakyFailure
 from racefuzz.backends import Executor, StartedRun
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
-from racefuzz.hb import find_races
+from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads
 from racefuzz.oracle import find_corruptions
 from racefuzz.scenarios import Workload, check_hazards
@@ -62,6 +62,10 @@ COLLECT_EVERY = 2000
 
 class _Manifested(Exception):
     """Raised inside the Hypothesis test when an example's loads differ from the reference k of k."""
+
+
+class _BudgetSpent(Exception):
+    """Raised inside the Hypothesis test (batches of more than one) by the batch that spent the budget."""
 
 
 class Search:
@@ -112,7 +116,8 @@ class Search:
             ),
         )
         self.prepare = getattr(run, "prepare", None)  # a PreparingExecutor overlaps our host work with the device
-        self.programs: dict[Workload, list] = {}  # workload -> [program, reference loads, racy or None]
+        self.programs: dict[Workload, list] = {}  # workload -> [workload, program, reference loads, racy or None]
+        self.decoded: dict[bytes, list] = {}  # workload bytes -> the entry of `programs` they decode to
         self.start = time.perf_counter()
         self.counted = 0  # examples judged while exploring (not shrinking)
         self.manifested = 0
@@ -134,17 +139,24 @@ class Search:
 
     def build(self, workload_data: bytes, schedule_data: bytes) -> Example:
         """Decode and build one example, with what its verdict needs that does not depend on the run."""
-        workload = self.space.decode(workload_data)
-        known = self.programs.get(workload)
+        known = self.decoded.get(workload_data)
         if known is None:
-            if len(self.programs) >= MAX_BUILT:
-                self.programs.clear()
-            program = self.design.scenario.build_program(workload, self.design.hooks)
-            known = self.programs[workload] = [program, in_order_loads(program), None]
-        program, expected, racy = known
+            workload = self.space.decode(workload_data)
+            known = self.programs.get(workload)
+            if known is None:
+                if len(self.programs) >= MAX_BUILT:
+                    self.programs.clear()
+                program = self.design.scenario.build_program(workload, self.design.hooks)
+                known = self.programs[workload] = [workload, program, in_order_loads(program), None]
+            if len(self.decoded) >= MAX_BUILT:
+                self.decoded.clear()
+            self.decoded[workload_data] = known
+        workload, program, expected, racy = known
         schedule = self.scheduler.decode(schedule_data, program)
         if racy is None and not self.shrinking:  # the verdict only counts while exploring
-            racy = known[2] = bool(program.violations or find_races(program))
+            # `analysis` holds the races and the launch ordering the forced-order strategies decode with (and
+            # the simulator's shortcut needs): one happens-before pass for all three.
+            racy = known[3] = bool(program.violations or analysis(program).races)
         racy = bool(racy) and not self.shrinking
         return Example((workload_data, schedule_data), workload, program, schedule, expected, racy)
 
@@ -278,14 +290,21 @@ class Search:
                 raise _Manifested
             members = self._batch(batch)
             try:
-                members.run(lambda: drawn.draw(pair))
+                members.run(_drawer(drawn, pair))
             except _Manifested:
                 self.failing_batch_draws = members.draws
                 raise
+            if self.counted >= self.examples:
+                # The budget is spent: end Hypothesis' run here rather than let it go on drawing batches that
+                # run nothing until it has `hypothesis_examples` valid ones (a batch with a repeated member
+                # overruns and is not valid; Hypothesis' mutations make one in three so, and the batches after
+                # the budget cost as much again as the search). Raised after this batch's last draw, so that
+                # Hypothesis' final replay of it (the budget still spent) draws the same and raises the same.
+                raise _BudgetSpent
 
         # A shrink candidate (or Hypothesis' final replay) that failed k/k once and then not is GPU timing on
         # the edge: Hypothesis calls it flaky. The failure first found, which reproduced k/k, stands instead.
-        with contextlib.suppress(_Manifested):
+        with contextlib.suppress(_Manifested, _BudgetSpent):
             try:
                 manifest()
             except FlakyFailure as flaky:
@@ -372,12 +391,25 @@ class Search:
         )
 
 
+def _drawer(drawn: st.DataObject, pair: st.SearchStrategy[Draw]) -> Callable[[], Draw]:
+    """`drawn.draw(pair)` as a function of no arguments, drawing the same choices without `DataObject.draw`'s
+    per-draw wrapping (it copies the global PRNG's state twice to warn about strategies that use `random`,
+    ~20 us a draw, and formats a note for the failure report) when the Hypothesis in use exposes the test
+    case's `conjecture_data` (6.x does): the draws are the pipeline's own, never a user's strategy, and a
+    failing member is reported by racefuzz, not by Hypothesis' notes."""
+    data = getattr(drawn, "conjecture_data", None)
+    direct = getattr(data, "draw", None)
+    if direct is None:
+        return lambda: drawn.draw(pair)
+    return lambda: direct(pair)
+
+
 def _raise_unless_manifested(flaky: FlakyFailure) -> None:
     """A flaky failure made only of racefuzz's own k-of-k signal is GPU timing on the edge (the caller falls
     back to the failure first found). Anything else inside it -- a backend error raised once, a hook that
     raised -- is a real error: re-raise the first, never let it pass for "no race"."""
     for exc in flaky.exceptions:
-        if not isinstance(exc, _Manifested):
+        if not isinstance(exc, (_Manifested, _BudgetSpent)):
             raise exc
 
 
