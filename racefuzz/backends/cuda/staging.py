@@ -17,7 +17,7 @@ import numpy as np
 from racefuzz.backends.cuda.catalog import KernelCatalog
 from racefuzz.errors import InvalidArgument
 from racefuzz.memory import Observations
-from racefuzz.program import Program
+from racefuzz.program import Program, per_program
 from racefuzz.schedule import Schedule
 
 POISON = int(np.iinfo(np.int32).min)
@@ -81,12 +81,62 @@ def _overlaps(a: Any, b: Any) -> bool:
     return a.row0 < b.row1 and b.row0 < a.row1 and a.col0 < b.col1 and b.col0 < a.col1
 
 
+class _ProgramStaging(NamedTuple):
+    """What of a `Staging` depends on the program alone: everything but the gate slots and read windows.
+
+    `prefix` holds the descriptors, the values and the poisoned observation slots (`host[:gates_at]`);
+    `tables` every buffer's initial contents, in `program.buffers` order; `calls` has every `spin_us` 0.
+    """
+
+    prefix: np.ndarray
+    tables: np.ndarray
+    observed_base: int
+    observed_size: int
+    calls: dict[int, tuple[StagedCall, ...]]
+    observed_at: dict[int, tuple[int, ...]]
+    table_offsets: tuple[int, ...]
+
+
 def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Staging:
     """Pack `program`'s launches into kernel calls and one int32 array (see `Staging`).
 
-    It runs once per example, so it is written for speed: descriptors go into one flat list and values
-    into one list of chunks, each copied into the array in a single step at the end.
+    It runs once per example, so the packing, which depends on the program alone, is done once per program
+    (a search runs most programs several times, under different schedules) and the schedule's part --
+    the gate slots and the read windows -- is laid over it here.
     """
+    by_catalog = _packed_by_catalog(program)
+    packed = by_catalog.get(catalog)
+    if packed is None:
+        packed = by_catalog[catalog] = _pack(program, catalog)
+    gate_count = len(schedule.orders)
+    gates_at = packed.observed_base + packed.observed_size
+    tables_base = gates_at + 2 * gate_count
+    total = tables_base + packed.tables.size
+    if total >= 2**31:
+        raise InvalidArgument(f"program too large for int32 offsets: {total} staged ints")
+    host = np.empty(max(1, total), dtype=np.int32)  # never empty: a device pointer is taken from it
+    host[:gates_at] = packed.prefix
+    host[gates_at:tables_base] = 0
+    host[tables_base:total] = packed.tables
+    calls = packed.calls
+    if schedule.read_spins:
+        calls = dict(calls)
+        for index, spin_us in schedule.read_spins.items():
+            staged = calls.get(index)
+            if staged and spin_us:
+                # Only the first read call of a launch spins: the later ones load right after it, inside
+                # the same window.
+                first = next(k for k, call in enumerate(staged) if call.reads)
+                calls[index] = (*staged[:first], staged[first]._replace(spin_us=spin_us), *staged[first + 1 :])
+    tables_at = tuple(tables_base + offset for offset in packed.table_offsets)
+    return Staging(
+        host, packed.observed_base, packed.observed_size, calls, packed.observed_at, tables_at, gates_at, gate_count
+    )
+
+
+def _pack(program: Program, catalog: KernelCatalog) -> _ProgramStaging:
+    """The program's part of its staging (see `_ProgramStaging`): descriptors and values go into one flat
+    list and one list of chunks, each copied into the array in a single step at the end."""
     launches = program.launches
     values_base = 5 * sum(len(launch.reads) + len(launch.writes) for launch in launches)
     descriptors: list[int] = []
@@ -94,13 +144,12 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
     value_cursor, observed_cursor = values_base, 0
     calls: dict[int, tuple[StagedCall, ...]] = {}
     observed_at: dict[int, tuple[int, ...]] = {}
-    read_spins = schedule.read_spins
 
-    def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool, spin_us: float) -> StagedCall:
+    def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool) -> StagedCall:
         at = len(descriptors)
         for cells, offset in rects:
             descriptors.extend((cells.row0, cells.row1 - cells.row0, cells.col0, cells.col1 - cells.col0, offset))
-        return StagedCall(kernel, buffer, at, len(rects), reads, spin_us)
+        return StagedCall(kernel, buffer, at, len(rects), reads)
 
     for launch in launches:
         out: list[StagedCall] = []
@@ -113,10 +162,7 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
                 observed_cursor += (cells.row1 - cells.row0) * (cells.col1 - cells.col0)
             observed_at[launch.index] = tuple(starts)
             reader = catalog.reader_for(launch.kernel)
-            spin_us = read_spins.get(launch.index, 0.0)
-            for buffer, rects in by_buffer.items():
-                out.append(emit(reader, buffer, rects, True, spin_us))
-                spin_us = 0.0
+            out.extend(emit(reader, buffer, rects, True) for buffer, rects in by_buffer.items())
         if launch.writes:
             # Per buffer, a list of calls; a store joins its buffer's last call unless it overlaps a store
             # already there, since the blocks of one call run in no fixed order.
@@ -130,29 +176,30 @@ def stage(program: Program, schedule: Schedule, catalog: KernelCatalog) -> Stagi
                 value_cursor += values.size
             writer = catalog.writer_for(launch.kernel)
             for buffer, buffer_calls in groups.items():
-                out.extend(emit(writer, buffer, rects, False, 0.0) for rects in buffer_calls)
+                out.extend(emit(writer, buffer, rects, False) for rects in buffer_calls)
         calls[launch.index] = tuple(out)
-    gates_at = value_cursor + observed_cursor
-    gate_count = len(schedule.orders)
-    tables_base = gates_at + 2 * gate_count
-    tables_at = []
-    cursor = tables_base
-    for buffer in program.buffers:
-        tables_at.append(cursor)
-        cursor += buffer.rows * buffer.cols
-    total = cursor
-    if total >= 2**31:
-        raise InvalidArgument(f"program too large for int32 offsets: {total} staged ints")
     assert len(descriptors) == values_base
-    host = np.empty(max(1, total), dtype=np.int32)  # never empty: a device pointer is taken from it
-    host[:values_base] = descriptors
+    prefix = np.empty(value_cursor + observed_cursor, dtype=np.int32)
+    prefix[:values_base] = descriptors
     if chunks:
-        np.concatenate(chunks, out=host[values_base:value_cursor])
-    host[value_cursor:gates_at] = POISON
-    host[gates_at:tables_base] = 0
-    for buffer, at in zip(program.buffers, tables_at, strict=True):
-        host[at : at + buffer.rows * buffer.cols] = buffer.fill
-    return Staging(host, value_cursor, observed_cursor, calls, observed_at, tuple(tables_at), gates_at, gate_count)
+        np.concatenate(chunks, out=prefix[values_base:value_cursor])
+    prefix[value_cursor:] = POISON
+    table_offsets, cursor = [], 0
+    for buffer in program.buffers:
+        table_offsets.append(cursor)
+        cursor += buffer.rows * buffer.cols
+    tables = np.empty(cursor, dtype=np.int32)
+    for buffer, at in zip(program.buffers, table_offsets, strict=True):
+        tables[at : at + buffer.rows * buffer.cols] = buffer.fill
+    prefix.flags.writeable = False
+    tables.flags.writeable = False
+    return _ProgramStaging(prefix, tables, value_cursor, observed_cursor, calls, observed_at, tuple(table_offsets))
+
+
+@per_program
+def _packed_by_catalog(program: Program) -> dict[KernelCatalog, _ProgramStaging]:
+    """The program's packings, one per kernel catalogue (in practice one), filled by `stage`."""
+    return {}
 
 
 def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
