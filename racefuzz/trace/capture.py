@@ -31,9 +31,20 @@ def active() -> Recorder | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+_Tensor: Any = None
+"""`torch.Tensor`, set when the mode class is made (no `import torch` per op)."""
+_set_eval_frame: Any = None
+"""`torch._C._dynamo.eval_frame.set_eval_frame`, set when the mode class is made."""
+
+
 @functools.cache
 def _torch_mode_class() -> type:
+    global _Tensor, _set_eval_frame
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    _Tensor = torch.Tensor
+    _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
     class TraceMode(TorchDispatchMode):
         """Records every torch op as a launch on the current stream (see `racefuzz.trace.recorder`)."""
@@ -42,16 +53,29 @@ def _torch_mode_class() -> type:
             super().__init__()
             self.recorder = recorder
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch wraps a mode's `__torch_dispatch__` in `torch._dynamo.disable` (a Python wrapper of a
+            # few µs per op); this one keeps Dynamo out of its frames itself, with the C call that wrapper
+            # makes (`set_eval_frame(None)`, the prior callback restored after).
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
+            prior = _set_eval_frame(None)
+            try:
+                return self._record(func, args, {} if kwargs is None else kwargs)
+            finally:
+                _set_eval_frame(prior)
+
+        def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
             recorder = self.recorder
             info = _OP_INFO.get(func) or _op_info(func)
-            name, label, outputs_written = info.name, info.label, info.fresh_outputs
-            if recorder.paused or recorder.opaque or name in _NOT_ACCESSES:
-                if name == "record_stream":
+            if recorder.paused or recorder.opaque or info.not_access:
+                if info.name == "record_stream":
                     recorder.on_record_stream(args[0])
                 return func(*args, **kwargs)
             reads, writes = _schema_accesses(info, args, kwargs)
+            outputs_written = info.fresh_outputs
             if not writes and not outputs_written:
                 return func(*args, **kwargs)  # a view or metadata op
             on_gpu = recorder.on_gpu
@@ -61,31 +85,33 @@ def _torch_mode_class() -> type:
                     device = kwargs.get("device")
                     if device is None or device.type != "cuda":
                         return func(*args, **kwargs)
-                elif not any(t.is_cuda for t in reads) and not any(t.is_cuda for _, t in writes):
-                    pinned_reads = [t for t in reads if t.is_pinned()]
-                    pinned_writes = [t for _, t in writes if t.is_pinned()]
-                    out = func(*args, **kwargs)
-                    if outputs_written:
-                        pinned_writes += [t for t in _tensors(out) if t.is_pinned()]
-                    if pinned_reads or pinned_writes:
-                        recorder.host_access(label, pinned_reads, pinned_writes)
-                    return out
-                reads = [t for t in reads if t.is_cuda or t.is_pinned()]
-                writes = [(slot, t) for slot, t in writes if t.is_cuda or t.is_pinned()]
+                elif [t for t in reads if not t.is_cuda] or [t for _, t in writes if not t.is_cuda]:
+                    if not [t for t in reads if t.is_cuda] and not [t for _, t in writes if t.is_cuda]:
+                        pinned_reads = [t for t in reads if t.is_pinned()]
+                        pinned_writes = [t for _, t in writes if t.is_pinned()]
+                        out = func(*args, **kwargs)
+                        if outputs_written:
+                            pinned_writes += [t for t in _tensors(out) if t.is_pinned()]
+                        if pinned_reads or pinned_writes:
+                            recorder.host_access(info.label, pinned_reads, pinned_writes)
+                        return out
+                    reads = [t for t in reads if t.is_cuda or t.is_pinned()]
+                    writes = [(slot, t) for slot, t in writes if t.is_cuda or t.is_pinned()]
 
-            def fresh(out: Any) -> list[tuple[object, Any]]:
-                if not outputs_written:
-                    return []
-                # An output on an input's storage is a view the schema does not declare (`_unsafe_view`).
-                inputs = {t.untyped_storage().data_ptr() for t in reads}
-                return [
-                    (f"out{i}", t)
-                    for i, t in enumerate(_tensors(out))
-                    if (not on_gpu or t.is_cuda or t.is_pinned()) and t.untyped_storage().data_ptr() not in inputs
-                ]
+            fresh = None
+            if outputs_written:
 
-            out = recorder.launch(label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh)
-            if name in _HOST_SYNCING or (on_gpu and _is_blocking_d2h(name, args, kwargs, out)):
+                def fresh(out: Any) -> list[tuple[object, Any]]:
+                    # An output on an input's storage is a view the schema does not declare (`_unsafe_view`).
+                    inputs = {t.untyped_storage().data_ptr() for t in reads}
+                    return [
+                        (f"out{i}", t)
+                        for i, t in enumerate(_tensors(out))
+                        if (not on_gpu or t.is_cuda or t.is_pinned()) and t.untyped_storage().data_ptr() not in inputs
+                    ]
+
+            out = recorder.launch(info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh)
+            if info.syncs_host or (info.maybe_d2h and on_gpu and _is_blocking_d2h(info.name, args, kwargs, out)):
                 recorder.on_stream_sync(recorder.current_stream())
             return out
 
@@ -114,9 +140,19 @@ class _OpInfo(NamedTuple):
     label: str  # `aten.add_.Tensor`
     arguments: tuple[tuple[int, str, bool, bool], ...]  # (position, name, keyword-only, written)
     fresh_outputs: bool  # returns new tensors (not views of its inputs)
+    not_access: bool  # allocates or re-points memory only (`_NOT_ACCESSES`)
+    syncs_host: bool  # the host waits for the current stream after it (`_HOST_SYNCING`)
+    maybe_d2h: bool  # may be a blocking device-to-host copy (`_is_blocking_d2h`)
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
+
+
+def _may_hold_tensors(schema_type: Any) -> bool:
+    """Whether an argument of this schema type can be a tensor or hold tensors (`Tensor`, `Tensor?`,
+    `Tensor[]`, `Tensor?[]`, `Any`); an `int[]`, `Scalar` or `str` argument is never looked at."""
+    text = str(schema_type)
+    return "Tensor" in text or "Any" in text
 
 
 def _op_info(func: Any) -> _OpInfo:
@@ -124,22 +160,35 @@ def _op_info(func: Any) -> _OpInfo:
     arguments = tuple(
         (i, arg.name, arg.kwarg_only, arg.alias_info is not None and arg.alias_info.is_write)
         for i, arg in enumerate(schema.arguments)
+        if _may_hold_tensors(arg.type)
     )
-    info = _OpInfo(schema.name.split("::")[-1], str(func), arguments, _is_compute(func))
+    name = schema.name.split("::")[-1]
+    info = _OpInfo(
+        name,
+        str(func),
+        arguments,
+        _is_compute(func),
+        name in _NOT_ACCESSES,
+        name in _HOST_SYNCING,
+        name in ("_to_copy", "copy_"),
+    )
     _OP_INFO[func] = info
     return info
 
 
 def _schema_accesses(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[list[Any], list[tuple[object, Any]]]:
     """(read tensors, (slot, written tensor) pairs) of one call, from the op's schema."""
-    import torch
-
     reads: list[Any] = []
     writes: list[tuple[object, Any]] = []
     count = len(args)
     for i, name, kwarg_only, written in info.arguments:
-        value = kwargs.get(name) if kwarg_only or i >= count else args[i]
-        if isinstance(value, torch.Tensor):
+        if kwarg_only or i >= count:
+            if name not in kwargs:
+                continue
+            value = kwargs[name]
+        else:
+            value = args[i]
+        if isinstance(value, _Tensor):
             if written:
                 writes.append((name, value))
             else:
@@ -175,30 +224,54 @@ def _install_gpu_callbacks() -> None:
     import torch
     from torch.cuda import _gpu_trace as trace
 
-    def forward(method: str, *convert: Any):
-        def callback(*raw: Any) -> None:
-            recorder = active()
-            if recorder is not None and recorder.on_gpu and not recorder.paused:
-                getattr(recorder, method)(*(fn(recorder, value) for fn, value in zip(convert, raw, strict=True)))
+    # One closure per callback, each converting its own arguments: torch calls these for every event
+    # record and wait, sync, allocation and free of the process while tracing is on.
+    def gpu_recorder() -> Recorder | None:
+        recorder = _ACTIVE[-1] if _ACTIVE else None
+        return recorder if recorder is not None and recorder.on_gpu and not recorder.paused else None
 
-        return callback
+    def on_record(event: int, stream: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_record(recorder.event_name(event), recorder.stream_name(stream))
 
-    def event(recorder: Recorder, handle: int) -> str:
-        return recorder.event_name(handle)
+    def on_wait(event: int, stream: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_wait(recorder.event_name(event), recorder.stream_name(stream))
 
-    def stream(recorder: Recorder, handle: int) -> str:
-        return recorder.stream_name(handle)
+    def on_event_sync(event: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_event_sync(recorder.event_name(event))
 
-    def raw(recorder: Recorder, value: int) -> int:
-        return value
+    def on_stream_sync(stream: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_stream_sync(recorder.stream_name(stream))
 
-    trace.register_callback_for_event_record(forward("on_record", event, stream))
-    trace.register_callback_for_event_wait(forward("on_wait", event, stream))
-    trace.register_callback_for_event_synchronization(forward("on_event_sync", event))
-    trace.register_callback_for_stream_synchronization(forward("on_stream_sync", stream))
-    trace.register_callback_for_device_synchronization(forward("on_device_sync"))
-    trace.register_callback_for_memory_allocation(forward("on_alloc", raw))
-    trace.register_callback_for_memory_deallocation(forward("on_free", raw))
+    def on_device_sync() -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_device_sync()
+
+    def on_alloc(ptr: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_alloc(ptr)
+
+    def on_free(ptr: int) -> None:
+        recorder = gpu_recorder()
+        if recorder is not None:
+            recorder.on_free(ptr)
+
+    trace.register_callback_for_event_record(on_record)
+    trace.register_callback_for_event_wait(on_wait)
+    trace.register_callback_for_event_synchronization(on_event_sync)
+    trace.register_callback_for_stream_synchronization(on_stream_sync)
+    trace.register_callback_for_device_synchronization(on_device_sync)
+    trace.register_callback_for_memory_allocation(on_alloc)
+    trace.register_callback_for_memory_deallocation(on_free)
     torch._C._activate_gpu_trace()
     _CALLBACKS_INSTALLED = True
 

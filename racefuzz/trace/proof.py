@@ -41,10 +41,12 @@ def csan_control_step(env: Any) -> dict[str, Any]:
     return {"total": total}
 
 
-def _plain_env() -> Any:
+def _plain_env(device: str = "cuda") -> Any:
     from racefuzz.trace.env import TraceEnv
 
-    return TraceEnv(Recorder("cuda"), "cuda")  # a recorder that is never activated: streams only get names
+    # A recorder that is never activated: on the GPU its streams only get names; on the CPU its virtual
+    # streams append their records and waits to its trace (no dispatch mode, no launches recorded).
+    return TraceEnv(Recorder(device), device)
 
 
 def _time_recorded(step: Any, runs: int) -> float:
@@ -89,8 +91,10 @@ def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
     return {"y": y}
 
 
-def recording_cost(ops: int = 2000, runs: int = 5) -> dict[str, float]:
-    """µs per op: plain, recorded (trace only: no snapshots, no serialization), recorded as a fuzzed run."""
+def recording_cost(ops: int = 2000, runs: int = 5, device: str = "cuda") -> dict[str, float]:
+    """µs per op (median of `runs`): plain, recorded (trace only: no snapshots, no serialization), recorded
+    as a reference run (a snapshot of every write). `device="cpu"`: CPU tensors through the dispatch mode
+    with virtual streams (the unit tests' path), to profile the recorder where there is no GPU."""
     from racefuzz.trace.capture import recording
     from racefuzz.trace.env import TraceEnv
 
@@ -98,20 +102,54 @@ def recording_cost(ops: int = 2000, runs: int = 5) -> dict[str, float]:
         best = []
         for _ in range(runs):
             recorder = make()
-            env = TraceEnv(recorder, "cuda")
-            start = time.perf_counter()
             if recorder is None:
-                micro_step(_plain_env(), ops)
+                env = _plain_env(device)
+                start = time.perf_counter()
+                micro_step(env, ops)
             else:
+                env = TraceEnv(recorder, device)
+                start = time.perf_counter()
                 with recording(recorder):
                     micro_step(env, ops)
             best.append(time.perf_counter() - start)
         return statistics.median(best) / ops * 1e6
 
+    timed(lambda: Recorder(device, snapshot_plan={}))  # warm-up: op schemas, callbacks, imports
     plain = timed(lambda: None)
-    traced = timed(lambda: Recorder("cuda", snapshot_plan={}))
-    full = timed(lambda: Recorder("cuda"))
+    traced = timed(lambda: Recorder(device, snapshot_plan={}))
+    full = timed(lambda: Recorder(device))
     return {"plain_us_per_op": plain, "trace_us_per_op": traced, "trace_with_snapshots_us_per_op": full}
+
+
+def micro_main(device: str, ops: int, runs: int, profile: bool) -> int:
+    """Print the `RECORDING micro` line on `device` and the recording overhead (traced minus plain)."""
+    if profile:
+        import cProfile
+        import pstats
+
+        from racefuzz.trace.capture import recording
+        from racefuzz.trace.env import TraceEnv
+
+        recorder = Recorder(device, snapshot_plan={})
+        with recording(recorder):
+            micro_step(TraceEnv(recorder, device), 200)
+        recorder = Recorder(device, snapshot_plan={})
+        profiler = cProfile.Profile()
+        with recording(recorder):
+            profiler.runcall(micro_step, TraceEnv(recorder, device), ops)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+        return 0
+    figures = recording_cost(ops, runs, device)
+    print(f"RECORDING micro device={device} ops={ops} runs={runs} " + _figures(figures))
+    print(
+        f"OVERHEAD trace_minus_plain_us_per_op={figures['trace_us_per_op'] - figures['plain_us_per_op']:.2f} "
+        f"snapshots_minus_plain_us_per_op={figures['trace_with_snapshots_us_per_op'] - figures['plain_us_per_op']:.2f}"
+    )
+    return 0
+
+
+def _figures(figures: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.2f}" for k, v in figures.items())
 
 
 def csan_main(design: str) -> int:
@@ -195,7 +233,7 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
         )
     if cost:
         figures = recording_cost()
-        print("RECORDING micro " + " ".join(f"{k}={v:.2f}" for k, v in figures.items()))
+        print("RECORDING micro " + _figures(figures))
     for design in csan:
         out = subprocess.run(
             [sys.executable, "-m", "racefuzz.trace.proof", "csan", "--design", design],
@@ -220,9 +258,16 @@ def main(argv: list[str]) -> int:
     proof.add_argument("--csan", default=",".join(CSAN_STEPS), help="comma-separated steps to run under CSAN")
     csan = commands.add_parser("csan")
     csan.add_argument("--design", required=True)
+    micro = commands.add_parser("micro", help="the recording cost per op of the micro workload")
+    micro.add_argument("--device", default="cuda", help="cuda or cpu (CPU tensors, virtual streams)")
+    micro.add_argument("--ops", type=int, default=2000)
+    micro.add_argument("--runs", type=int, default=5)
+    micro.add_argument("--profile", action="store_true", help="cProfile one traced run instead")
     args = parser.parse_args(argv)
     if args.command == "csan":
         return csan_main(args.design)
+    if args.command == "micro":
+        return micro_main(args.device, args.ops, args.runs, args.profile)
     designs = [d for d in args.designs.split(",") if d]
     return proof_main(args.examples, args.seed, designs, args.cost, [d for d in args.csan.split(",") if d])
 

@@ -52,6 +52,11 @@ _MACHINERY = frozenset(
 _LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
 _IS_LIBRARY: dict[str, bool] = {}
 _SHOWN: dict[str, str] = {}
+_LIBRARY_CODE: dict[Any, bool] = {}
+_SOURCES: dict[tuple[Any, int], str] = {}
+"""`user_source`'s caches: whether a code object is the recorder's, torch's, Triton's or Hypothesis's, and
+the formatted `file:line (function)` of a (code object, bytecode offset): one source line is formatted once,
+not once per op (both bounded by the step's code, as its call sites are)."""
 
 
 def _is_library(filename: str) -> bool:
@@ -65,15 +70,45 @@ def _is_library(filename: str) -> bool:
 def user_source(skip: int = 2) -> str:
     """`file:line (function)` of the innermost frame outside the recorder, torch, Triton and Hypothesis."""
     frame = sys._getframe(skip)
+    library = _LIBRARY_CODE
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_library(filename):
-            shown = _SHOWN.get(filename)
-            if shown is None:
-                shown = _SHOWN[filename] = filename if filename.startswith("<") else os.path.relpath(filename)
-            return f"{shown}:{frame.f_lineno} ({frame.f_code.co_name})"
+        code = frame.f_code
+        known = library.get(code)
+        if known is None:
+            known = library[code] = _is_library(code.co_filename)
+        if not known:
+            key = (code, frame.f_lasti)
+            source = _SOURCES.get(key)
+            if source is None:
+                source = _SOURCES[key] = _format_source(code, frame.f_lineno)
+            return source
         frame = frame.f_back
     return ""
+
+
+def _format_source(code: Any, lineno: int) -> str:
+    filename = code.co_filename
+    shown = _SHOWN.get(filename)
+    if shown is None:
+        shown = _SHOWN[filename] = filename if filename.startswith("<") else os.path.relpath(filename)
+    return f"{shown}:{lineno} ({code.co_name})"
+
+
+_tuple_new = tuple.__new__
+"""Makes a trace op or access (a NamedTuple) from all its fields without its Python `__new__` (the
+launch path's hottest lines: every field is given, so the defaults `__new__` fills in are not needed)."""
+
+_raw_stream: Callable[[int], int] | None = None
+"""`torch._C._cuda_getCurrentRawStream`, looked up once (not an `import torch` per op)."""
+
+
+def _current_raw_stream(device_index: int) -> int:
+    global _raw_stream
+    if _raw_stream is None:
+        import torch
+
+        _raw_stream = torch._C._cuda_getCurrentRawStream
+    return _raw_stream(device_index)
 
 
 @dataclass
@@ -137,6 +172,8 @@ class Recorder:
         self.serialize = serialize
         self.delays = dict(delays or {})
         self.snapshot_plan = snapshot_plan
+        self._snapshots_or_syncs = snapshot_plan is None or bool(snapshot_plan) or serialize
+        """Whether a launch is followed by snapshots or a device sync (not in a trace-only run)."""
         self.record = RunRecord(Trace())
         self.paused = 0
         self.opaque = 0
@@ -174,14 +211,13 @@ class Recorder:
 
     def current_stream(self) -> str:
         if self.on_gpu:
-            import torch
-
-            handle = torch._C._cuda_getCurrentRawStream(self._device_index)
+            handle = (_raw_stream or _current_raw_stream)(self._device_index)
             name = self._stream_names.get(handle)
             if name is not None and name in self._seen_streams:
                 return name
             return self._stream(self.stream_name(handle))
-        return self._stream(self.virtual_current.name)
+        name = self.virtual_current.name
+        return name if name in self._seen_streams else self._stream(name)
 
     def stream_name(self, handle: int) -> str:
         if handle not in self._stream_names:
@@ -226,12 +262,20 @@ class Recorder:
         return key
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+        if not tensors:
+            return ()
         if len(tensors) == 1 and tensors[0].is_contiguous():  # the common case, without the merging
             tensor = tensors[0]
-            size = tensor.element_size()
-            start = tensor.storage_offset() * size
-            count = tensor.numel()
-            return (Access(self._storage(tensor, origin), ((start, start + count * size),)),) if count else ()
+            nbytes = tensor.nbytes
+            if not nbytes:
+                return ()
+            start = tensor.storage_offset() * tensor.itemsize
+            # A known storage found from the base address (as `_storage` does, without its calls).
+            base = tensor.data_ptr() - start
+            key = self._keys.get((base, self._epochs.get(base, 0)))
+            if key is None:
+                key = self._storage(tensor, origin)
+            return (_tuple_new(Access, (key, ((start, start + nbytes),))),)
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
             key = self._storage(tensor, origin)
@@ -263,14 +307,21 @@ class Recorder:
         launch: an argument name or position); `outputs(result)` gives the fresh tensors the call returned,
         written too, with their slots.
         """
-        stream = self.current_stream()
+        if self.on_gpu:
+            stream = self.current_stream()
+        else:
+            stream = self.virtual_current.name
+            if stream not in self._seen_streams:
+                self._stream(stream)
         record = self.record
-        nth = self._launches_on.get(stream, 0)
-        self._launches_on[stream] = nth + 1
-        spin = self.delays.get((stream, nth))
-        if spin:
-            self._spin(spin)
-            record.delays_applied.append((stream, nth, spin))
+        launches_on = self._launches_on
+        nth = launches_on.get(stream, 0)
+        launches_on[stream] = nth + 1
+        if self.delays:
+            spin = self.delays.get((stream, nth))
+            if spin:
+                self._spin(spin)
+                record.delays_applied.append((stream, nth, spin))
         source = user_source(3)
         if kind == "torch":
             result = call()
@@ -285,43 +336,48 @@ class Recorder:
         if outputs is not None:
             writes = writes + outputs(result)
         ordinal = len(record.launch_ops)
-        op = TraceLaunch(
-            len(record.trace.ops),
-            stream,
-            kernel,
-            kind,
-            self._accesses(reads, kernel),
-            self._accesses([view for _, view in writes], kernel),
-            source,
-            assumed,
+        ops = record.trace.ops
+        index = len(ops)
+        if len(writes) == 1:
+            written = self._accesses([writes[0][1]], kernel)
+        else:
+            written = self._accesses([view for _, view in writes], kernel) if writes else ()
+        ops.append(
+            _tuple_new(
+                TraceLaunch,
+                (index, stream, kernel, kind, self._accesses(reads, kernel) if reads else (), written, source, assumed),
+            )
         )
-        record.trace.ops.append(op)
-        record.launch_ops.append(op.index)
-        self._after(ordinal, writes)
+        record.launch_ops.append(index)
+        if self._snapshots_or_syncs:
+            self._after(ordinal, writes)
         return result
 
     def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
         if not self.snapshot_plan and self.snapshot_plan is not None and not self.serialize:
             return  # a trace-only run: nothing to copy, nothing to wait for
+        import torch
+
         self.paused += 1
         try:
-            if self.snapshot_plan is None:
-                plan_here = self._plan_from(writes)
-            else:
-                plan_here = [Snapshot(s.slot, s.lo, s.hi, s.intervals) for s in self.snapshot_plan.get(ordinal, ())]
-            if plan_here:
-                slots = dict(writes)
-                taken = []
-                for snap in plan_here:
-                    tensor = slots.get(snap.slot)
-                    if tensor is not None and tensor.untyped_storage().nbytes() >= snap.hi:
-                        snap.data = _storage_bytes(tensor, snap.lo, snap.hi)
-                        taken.append(snap)
-                self.record.snapshots[ordinal] = taken
-            if self.serialize and self.on_gpu:
-                import torch
-
-                torch.cuda.synchronize()
+            # The copies are the recorder's own: they skip the dispatch mode (and any other Python mode)
+            # instead of entering it to be let through.
+            with torch._C._DisableTorchDispatch():
+                if self.snapshot_plan is None:
+                    plan_here = self._plan_from(writes)
+                else:
+                    plan_here = [Snapshot(s.slot, s.lo, s.hi, s.intervals) for s in self.snapshot_plan.get(ordinal, ())]
+                if plan_here:
+                    slots = dict(writes)
+                    taken = []
+                    for snap in plan_here:
+                        tensor = slots.get(snap.slot)
+                        if tensor is not None and tensor.untyped_storage().nbytes() >= snap.hi:
+                            snap.data = _storage_bytes(tensor, snap.lo, snap.hi)
+                            taken.append(snap)
+                    self.record.snapshots[ordinal] = taken
+                if self.serialize and self.on_gpu:
+                    torch.cuda.synchronize()
         finally:
             self.paused -= 1
 
@@ -358,13 +414,17 @@ class Recorder:
 
     def on_record(self, event: str, stream: str) -> None:
         if not self.paused and not self.opaque:
+            if stream not in self._seen_streams:
+                self._stream(stream)
             ops = self.record.trace.ops
-            ops.append(TraceRecord(len(ops), event, self._stream(stream)))
+            ops.append(_tuple_new(TraceRecord, (len(ops), event, stream)))
 
     def on_wait(self, event: str, stream: str) -> None:
         if not self.paused and not self.opaque:
+            if stream not in self._seen_streams:
+                self._stream(stream)
             ops = self.record.trace.ops
-            ops.append(TraceWait(len(ops), self._stream(stream), event))
+            ops.append(_tuple_new(TraceWait, (len(ops), stream, event)))
 
     def on_stream_sync(self, stream: str) -> None:
         if not self.paused and not self.opaque:
