@@ -204,15 +204,41 @@ def _packed_by_catalog(program: Program) -> dict[KernelCatalog, _ProgramStaging]
 
 def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
     """Cut the observation slots (`host[observed_base:]` as copied back) into per-launch, per-range arrays."""
-    observations: Observations = {}
-    for launch in program.launches:
-        if launch.reads:
-            starts = staging.observed_at[launch.index]
-            observations[launch.index] = tuple(
-                observed[at : at + cells.size].reshape(cells.shape)
-                for cells, at in zip(launch.reads, starts, strict=True)
-            )
-    return observations
+    return {
+        index: tuple(observed[at : at + size].reshape(shape) for at, size, shape in ranges)
+        for index, ranges in _observation_cuts(program, staging.observed_at)
+    }
+
+
+def _observation_cuts(
+    program: Program, observed_at: dict[int, tuple[int, ...]]
+) -> tuple[tuple[int, tuple[tuple[int, int, tuple[int, int]], ...]], ...]:
+    """Per reading launch, where each of its read ranges sits among the slots, its size and its shape;
+    computed once per program (the slots' layout depends on the program alone)."""
+    by_layout = _cuts_by_layout(program)
+    cuts = by_layout.get(id(observed_at))
+    if cuts is None or cuts[0] is not observed_at:
+        cuts = by_layout[id(observed_at)] = (
+            observed_at,
+            tuple(
+                (
+                    launch.index,
+                    tuple(
+                        (at, cells.size, cells.shape)
+                        for cells, at in zip(launch.reads, observed_at[launch.index], strict=True)
+                    ),
+                )
+                for launch in program.launches
+                if launch.reads
+            ),
+        )
+    return cuts[1]
+
+
+@per_program
+def _cuts_by_layout(program: Program) -> dict[int, tuple[dict[int, tuple[int, ...]], Any]]:
+    """`_observation_cuts`' memo: per slot layout (by identity; one per catalogue packing, in practice one)."""
+    return {}
 
 
 def timed_out_gates(staging: Staging, readback: np.ndarray) -> list[int]:
