@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -314,12 +315,23 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
         _install_gpu_callbacks()
     _patch_triton()
     mode = _torch_mode_class()(recorder)
+    # The trace's ops and accesses are NamedTuples, which the cyclic GC keeps tracking (it stops tracking
+    # plain tuples of atoms only): a few surviving objects per op make Python run full collections every
+    # few thousand ops, each scanning the whole heap (torch's included: tens of ms). Freezing the objects
+    # that exist when recording starts keeps them out of those scans; unfrozen at the end. Not done when
+    # the process has frozen objects itself (unfreezing would undo its freeze). A cycle among those older
+    # objects that becomes garbage while recording is collected after it.
+    freeze = gc.isenabled() and gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     _ACTIVE.append(recorder)
     try:
         with mode:
             yield recorder
     finally:
         _ACTIVE.remove(recorder)
+        if freeze:
+            gc.unfreeze()
 
 
 __all__ = ["HOST", "active", "recording"]
