@@ -385,7 +385,11 @@ class Recorder:
         by_slot: dict[object, list[Interval]] = {}
         tensors: dict[object, Any] = {}
         for slot, view in writes:
-            intervals, _ = view_intervals(view.storage_offset(), view.shape, view.stride(), view.element_size())
+            if view.is_contiguous():
+                start = view.storage_offset() * view.itemsize
+                intervals = [(start, start + view.nbytes)] if view.nbytes else []
+            else:
+                intervals, _ = view_intervals(view.storage_offset(), view.shape, view.stride(), view.element_size())
             by_slot.setdefault(slot, []).extend(intervals)
             tensors[slot] = view
         plan = []

@@ -511,3 +511,34 @@ def test_the_fixture_writes_the_timeline_of_a_race_and_fails_an_uncaught_control
     assert timeline.exists() and str(timeline) in str(raised.value)
     with pytest.raises(Inconclusive, match=r"negative control racefuzz\.trace\.example:synced_step did not race"):
         fixture.fuzz(synced_step, control=synced_step)
+
+
+def test_source_lines_are_exact_per_call_site_and_recording_leaves_the_gc_as_it_found_it():
+    import gc
+
+    def step(env):
+        x = torch.zeros(8)
+        for _ in range(2):
+            x.add_(1)  # first site
+            x.mul_(2)  # second site
+        return {"x": x}
+
+    frozen = gc.get_freeze_count()
+    trace = run_once(step, "cpu").trace
+    assert gc.get_freeze_count() == frozen and gc.isenabled()
+    in_place = ("aten.add_.Tensor", "aten.mul_.Tensor")
+    sources = [op.source for op in trace.ops if getattr(op, "kernel", "") in in_place]
+    first, second = sources[0], sources[1]
+    assert first != second and sources == [first, second, first, second]
+    assert int(second.split(":")[1].split()[0]) == int(first.split(":")[1].split()[0]) + 1
+
+
+def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead(capsys):
+    from racefuzz.trace.proof import main, recording_cost
+
+    figures = recording_cost(ops=20, runs=1, device="cpu")
+    assert set(figures) == {"plain_us_per_op", "trace_us_per_op", "trace_with_snapshots_us_per_op"}
+    assert main(["micro", "--device", "cpu", "--ops", "20", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("RECORDING micro device=cpu ops=20 runs=1 plain_us_per_op=")
+    assert "OVERHEAD trace_minus_plain_us_per_op=" in out
