@@ -262,20 +262,12 @@ class Recorder:
         return key
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
-        if not tensors:
-            return ()
-        if len(tensors) == 1 and tensors[0].is_contiguous():  # the common case, without the merging
-            tensor = tensors[0]
-            nbytes = tensor.nbytes
-            if not nbytes:
-                return ()
-            start = tensor.storage_offset() * tensor.itemsize
-            # A known storage found from the base address (as `_storage` does, without its calls).
-            base = tensor.data_ptr() - start
-            key = self._keys.get((base, self._epochs.get(base, 0)))
-            if key is None:
-                key = self._storage(tensor, origin)
-            return (_tuple_new(Access, (key, ((start, start + nbytes),))),)
+        if len(tensors) == 1:
+            return self._access(tensors[0], origin)
+        return self._merged_accesses(tensors, origin) if tensors else ()
+
+    def _merged_accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+        """The byte intervals of `tensors`, merged per storage."""
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
             key = self._storage(tensor, origin)
@@ -287,6 +279,21 @@ class Recorder:
                 intervals, _ = view_intervals(tensor.storage_offset(), tensor.shape, tensor.stride(), size)
             by_storage.setdefault(key, []).extend(intervals)
         return tuple(Access(key, tuple(merge(iv))) for key, iv in by_storage.items() if iv)
+
+    def _access(self, tensor: Any, origin: str) -> tuple[Access, ...]:
+        """`_accesses` of one tensor; a contiguous one (the common case) without the merging."""
+        if not tensor.is_contiguous():
+            return self._merged_accesses([tensor], origin)
+        nbytes = tensor.nbytes
+        if not nbytes:
+            return ()
+        start = tensor.storage_offset() * tensor.itemsize
+        # A known storage found from the base address (as `_storage` does, without its calls).
+        base = tensor.data_ptr() - start
+        key = self._keys.get((base, self._epochs.get(base, 0)))
+        if key is None:
+            key = self._storage(tensor, origin)
+        return (_tuple_new(Access, (key, ((start, start + nbytes),))),)
 
     # --- launches ----------------------------------------------------------------------------------
 
@@ -339,15 +346,11 @@ class Recorder:
         ops = record.trace.ops
         index = len(ops)
         if len(writes) == 1:
-            written = self._accesses([writes[0][1]], kernel)
+            written = self._access(writes[0][1], kernel)
         else:
-            written = self._accesses([view for _, view in writes], kernel) if writes else ()
-        ops.append(
-            _tuple_new(
-                TraceLaunch,
-                (index, stream, kernel, kind, self._accesses(reads, kernel) if reads else (), written, source, assumed),
-            )
-        )
+            written = self._accesses([view for _, view in writes], kernel)
+        read = self._accesses(reads, kernel)
+        ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, kind, read, written, source, assumed)))
         record.launch_ops.append(index)
         if self._snapshots_or_syncs:
             self._after(ordinal, writes)
