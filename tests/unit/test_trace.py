@@ -541,4 +541,4 @@ def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead
     assert main(["micro", "--device", "cpu", "--ops", "20", "--runs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("RECORDING micro device=cpu ops=20 runs=1 plain_us_per_op=")
-    assert "OVERHEAD trace_minus_plain_us_per_op=" in out
+    assert "RECORDING-OVERHEAD trace_minus_plain_us_per_op=" in out and "FASTEST micro device=cpu" in out
