@@ -236,21 +236,38 @@ class Device:
         info: Mapping[str, object] | None,
         unused_reads: Iterable[CellRange] = (),
     ) -> None:
-        self._check_live(stream)
-        stream = self._own_stream(stream, "launch")
+        # The checks of `_check_live`, `_own_stream` and `_own_range` inline for the common case (a scenario
+        # launches tens of thousands of kernels a second); anything unusual goes through them, which raise.
+        if self._finished or type(stream) is not StreamHandle or stream._device is not self:
+            self._check_live(stream)
+            stream = self._own_stream(stream, "launch")
+        buffers = self._buffers
+        owned = len(buffers)
         own_range = self._own_range
-        read_ranges = tuple([own_range(cells, kernel) for cells in reads])
-        unused = tuple([own_range(cells, kernel) for cells in unused_reads])
-        unused_from = len(read_ranges) if unused else None
-        read_ranges += unused
+        read_ranges = tuple(
+            [
+                cells
+                if type(cells) is CellRange and cells.buffer.id < owned and buffers[cells.buffer.id] is cells.buffer
+                else own_range(cells, kernel)
+                for cells in reads
+            ]
+        )
+        unused_from = None
+        if unused_reads:
+            unused = tuple([own_range(cells, kernel) for cells in unused_reads])
+            if unused:
+                unused_from = len(read_ranges)
+                read_ranges += unused
         write_ranges: list[CellRange] = []
         values: list[np.ndarray] = []
         for item in writes:
             if type(item) is not tuple or len(item) != 2:
                 raise InvalidProgram(f"launch {kernel!r}: each write is a (cells, values) pair, got {item!r}")
-            cells = own_range(item[0], kernel)
+            cells, value = item
+            if type(cells) is not CellRange or cells.buffer.id >= owned or buffers[cells.buffer.id] is not cells.buffer:
+                cells = own_range(cells, kernel)
             write_ranges.append(cells)
-            values.append(_as_values(item[1], cells, kernel))
+            values.append(_as_values(value, cells, kernel))
         if not read_ranges and not write_ranges:
             raise InvalidProgram(f"launch {kernel!r}: a kernel must read or write at least one cell range")
         if cost_us is not None and not cost_us >= 0:
@@ -271,7 +288,24 @@ class Device:
         )
 
 
+_FILLED: dict[tuple[int, int, int], np.ndarray] = {}
+"""Read-only `np.full` arrays by (rows, columns, value): a scenario stores the same small constants (a
+flag, an iteration number) over and over, and values are immutable, so launches may share them."""
+
+_FILLED_KEPT = 4096
+
+
 def _as_values(values: WriteValues, cells: CellRange, kernel: str) -> np.ndarray:
+    if type(values) is int:
+        key = (cells.row1 - cells.row0, cells.col1 - cells.col0, values)
+        array = _FILLED.get(key)
+        if array is None:
+            array = np.full(key[:2], values, dtype=np.int32)
+            array.setflags(write=False)
+            if len(_FILLED) >= _FILLED_KEPT:
+                _FILLED.clear()
+            _FILLED[key] = array
+        return array
     if isinstance(values, (int, np.integer)) and not isinstance(values, bool):
         array = np.full(cells.shape, int(values), dtype=np.int32)
     elif type(values) is np.ndarray and values.dtype == np.int32 and values.size == cells.size:

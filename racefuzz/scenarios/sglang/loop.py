@@ -130,12 +130,14 @@ class Hooks:
 
     def __init__(self, design: object) -> None:
         self.design = design
+        # Looked up once per program (a build calls a dozen hooks an iteration).
+        self._hooks = {name: getattr(design, name, None) for name in self.NAMES}
 
     def _get(self, name: str):
-        return getattr(self.design, name, None)
+        return self._hooks[name]
 
     def call(self, name: str, ctx: LoopContext) -> None:
-        hook = self._get(name)
+        hook = self._hooks[name]
         if hook is not None:
             hook(ctx)
 
@@ -364,7 +366,7 @@ class OverlapLoop:
         growth = []
         for r in batch:
             reserved = max(r.cur_alloc, r.committed_host + hooks.headroom_blocks * w.block_size)
-            reserved = min(reserved, w.max_context)
+            reserved = min(reserved, self.table.cols)  # the workload's max_context
             if reserved > r.cur_alloc:
                 growth.append((r, reserved))
         if w.page_size > 1 and growth:
