@@ -157,6 +157,7 @@ def analysis(program: Program) -> Analysis:
     clocks.visit_all(program.ops)
     races = clocks.races
     races.sort(key=lambda race: (race.second.index, race.first.index))
+    assert clocks.snapshots is not None
     return Analysis(tuple(races), clocks.snapshots)
 
 
@@ -184,9 +185,10 @@ class _Clocks(OpVisitor[None]):
     candidates by the plain scan of `history` instead.
     """
 
-    __slots__ = ("buffers", "cells_at", "clock", "event_clock", "has_wide", "history", "n", "races")
+    __slots__ = ("buffers", "cells_at", "clock", "event_clock", "has_wide", "history", "n", "races", "snapshots")
 
     def __init__(self, streams: int, events: int, buffers: int = 1) -> None:
+        self.snapshots: dict[int, tuple[int, int, tuple[int, ...]]] | None = None  # see _SnapshotClocks
         self.n = streams
         self.buffers = max(buffers, 1)
         self.clock = [[0] * streams for _ in range(streams)]
@@ -253,6 +255,8 @@ class _Clocks(OpVisitor[None]):
                 seen = mine[t]
                 races.extend(_conflicts(other, op, history[t][seen - 1] if seen else None))
         history[s].append(op)
+        if self.snapshots is not None:
+            self.snapshots[op.index] = (s, seq, tuple(mine))
         at = self.cells_at[s]
         if keys is None:
             self.has_wide[s] = True
@@ -294,19 +298,14 @@ class _Clocks(OpVisitor[None]):
 
 
 class _SnapshotClocks(_Clocks):
-    """The clocks, keeping each launch's (stream, sequence number, clock) for `Analysis.ordered`."""
+    """The clocks, keeping each launch's (stream, sequence number, clock) for `Analysis.ordered` (taken in
+    `_Clocks.visit_launch`, once `snapshots` is a dict)."""
 
-    __slots__ = ("snapshots",)
+    __slots__ = ()
 
     def __init__(self, streams: int, events: int, buffers: int = 1) -> None:
         super().__init__(streams, events, buffers)
-        self.snapshots: dict[int, tuple[int, int, tuple[int, ...]]] = {}
-
-    def visit_launch(self, op: Launch) -> None:
-        super().visit_launch(op)
-        s = op.stream.id
-        clock = self.clock[s]
-        self.snapshots[op.index] = (s, clock[s], tuple(clock))
+        self.snapshots = {}
 
 
 def _keys(op: Launch, buffers: int) -> list[tuple[int, int, int, bool]] | None:

@@ -38,13 +38,14 @@ def replay_in_order(program: Program, order: Iterable[Launch], *, track_writers:
     observations: Observations = {}
     writers: Observations = {}
     for launch in order:
-        if launch.reads:
+        reads = launch.reads
+        if reads:
             observations[launch.index] = tuple(
-                cells[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].copy() for r in launch.reads
+                [cells[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].copy() for r in reads]
             )
             if writer is not None:
                 writers[launch.index] = tuple(
-                    writer[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].copy() for r in launch.reads
+                    [writer[r.buffer.id][r.row0 : r.row1, r.col0 : r.col1].copy() for r in reads]
                 )
         for w, values in zip(launch.writes, launch.values, strict=False):
             cells[w.buffer.id][w.row0 : w.row1, w.col0 : w.col1] = values
