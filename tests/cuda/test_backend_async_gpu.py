@@ -66,9 +66,10 @@ def test_preparing_the_next_run_neither_waits_for_nor_disturbs_the_running_one()
     # whose last op is a launch after a wait_stream stays on the GPU after its issue.
     running_program = next(lit for lit in all_litmus() if lit.name == "war_wait_stream").program
     next_program = _program(PROGRAMS[1])
-    last = running_program.launches[-1]
-    # 30 ms of spin before the last launch: the run is still on the GPU long after its ops are issued.
-    running = cuda.prepare(running_program, Schedule(device_delays={last.index: 30_000.0})).start()
+    reader = next(op for op in running_program.launches if op.reads)
+    # 30 ms of read window inside the reader (the writer waits for it): the run is still on the GPU long
+    # after its ops are issued, and its load is stored only after the next run was prepared.
+    running = cuda.prepare(running_program, Schedule(read_spins={reader.index: 30_000.0})).start()
     tails = []
     for stream in running.bound.streams:
         event = torch.cuda.Event()

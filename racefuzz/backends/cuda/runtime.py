@@ -198,15 +198,17 @@ class Runtime:
         # A search runs each program several times, and torch's caching allocator hands a freed block of
         # the same size back at the same address: the calls bound against one address are kept for the
         # next run of the same staged calls there (tables sit after the gate slots: their count is keyed).
+        # A schedule with read windows has calls of its own (`stage` copies them): bound afresh, not kept.
         key = (id(staging.calls), staged_ptr, staging.gate_count)
         kept = self._bound_calls.get(key)
         if kept is not None and kept[0] is staging.calls:
             launch_calls = kept[1]
         else:
             launch_calls = self._bind_calls(staging, staged_ptr, tables_arg)
-            if len(self._bound_calls) >= _BOUND_CALLS_KEPT:
-                self._bound_calls.clear()
-            self._bound_calls[key] = (staging.calls, launch_calls)
+            if not schedule.read_spins:
+                if len(self._bound_calls) >= _BOUND_CALLS_KEPT:
+                    self._bound_calls.clear()
+                self._bound_calls[key] = (staging.calls, launch_calls)
         spins = {index: (spin_ns(us),) for index, us in schedule.device_delays.items()}
         costs = {
             launch.index: (spin_ns(launch.cost_us),)

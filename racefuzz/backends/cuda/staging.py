@@ -179,6 +179,11 @@ def _pack(program: Program, catalog: KernelCatalog) -> _ProgramStaging:
                 out.extend(emit(writer, buffer, rects, False) for rects in buffer_calls)
         calls[launch.index] = tuple(out)
     assert len(descriptors) == values_base
+    table_size = sum(buffer.rows * buffer.cols for buffer in program.buffers)
+    if value_cursor + observed_cursor + table_size >= 2**31:  # checked before anything is allocated
+        raise InvalidArgument(
+            f"program too large for int32 offsets: {value_cursor + observed_cursor + table_size} staged ints"
+        )
     prefix = np.empty(value_cursor + observed_cursor, dtype=np.int32)
     prefix[:values_base] = descriptors
     if chunks:
