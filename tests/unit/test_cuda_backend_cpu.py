@@ -242,3 +242,31 @@ def test_a_schedule_for_another_program_is_refused_before_any_gpu_work() -> None
     program = all_litmus()[0].program
     with pytest.raises(InvalidArgument, match="read_spins"):
         cuda.execute(program, Schedule(read_spins={len(program.ops) + 3: 10.0}))
+
+
+def test_staging_packed_once_per_program_is_what_a_cold_packing_gives_under_any_schedule() -> None:
+    # stage() keeps the program's packing and lays each schedule's read windows and gate slots over it: a
+    # schedule with both, then one with neither, then the first again, must each stage exactly as a fresh
+    # packing of the program would, and the kept packing must not pick up the first schedule's windows.
+    from racefuzz.backends.cuda.staging import _pack
+
+    for litmus in all_litmus():
+        program = litmus.program
+        launches = program.launches
+        readers = [op.index for op in launches if op.reads]
+        if not readers or len(launches) < 2:
+            continue
+        busy = Schedule(read_spins={readers[0]: 700.0}, orders=((launches[0].index, launches[-1].index),))
+        for schedule in (busy, Schedule(), busy):
+            staged = stage(program, schedule, CATALOG)
+            cold = _pack(program, CATALOG)
+            gates_at = cold.observed_base + cold.observed_size
+            assert staged.gates_at == gates_at and staged.gate_count == len(schedule.orders)
+            assert np.array_equal(staged.host[:gates_at], cold.prefix)
+            assert not staged.host[gates_at : gates_at + 2 * staged.gate_count].any()
+            assert np.array_equal(staged.host[gates_at + 2 * staged.gate_count :], cold.tables)
+            spun = {index: [call.spin_us for call in calls if call.spin_us] for index, calls in staged.calls.items()}
+            assert {i: s for i, s in spun.items() if s} == ({readers[0]: [700.0]} if schedule.read_spins else {}), (
+                litmus.name
+            )
+            assert all(call.spin_us == 0.0 for calls in cold.calls.values() for call in calls)
