@@ -13,10 +13,8 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
     echo "ci/gpu.sh: no usable CUDA GPU here (torch.cuda.is_available() is False); use ci/cpu.sh" >&2
     exit 2
 fi
-# Install racefuzz without touching the CUDA build of torch that is already there. No retries: an offline
-# GPU machine (no build backend to fetch) falls back to PYTHONPATH at once instead of retrying the network.
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --retries 0 --timeout 10 -e . \
-    || export PYTHONPATH="$PWD"
+# Install racefuzz without touching the CUDA build of torch that is already there.
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps -e . || export PYTHONPATH="$PWD"
 
 nvidia-smi -L
 # -p loads the plugin from the source tree when the install above could not run (no build backend offline).
