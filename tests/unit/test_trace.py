@@ -298,19 +298,7 @@ def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_
 def test_a_replay_file_reruns_its_step_with_its_delays(tmp_path, capsys):
     from racefuzz.errors import ReplayError
 
-    path = tmp_path / "replay.json"
-    path.write_text(
-        json.dumps(
-            {
-                "format": "racefuzz-trace-replay",
-                "version": 1,
-                "step": "racefuzz.trace.example:racy_step",
-                "device": "cpu",
-                "watch": ["req_to_token"],
-                "delays": [{"stream": "forward", "launch": 0, "us": 5000.0}],
-            }
-        )
-    )
+    path = _trace_replay_file(tmp_path / "replay.json")
     # On the CPU the run is eager: a delay cannot reorder anything, so the happens-before verdict is re-judged.
     assert trace_cli(["--replay", str(path), "--repeat", "2"]) == 1
     out = capsys.readouterr().out
