@@ -201,7 +201,7 @@ class PlainReplay:
         for (program, _), (staging, staged) in zip(self.recorded, self.memory, strict=True):
             base = staging.observed_base
             observed = staged[base : base + staging.observed_size].cpu().numpy()
-            bad += bool(find_corruptions(program, cuda.collect_observations(program, staging, observed)))
+            bad += bool(find_corruptions(program, cuda.collect_observations(staging, observed)))
         return bad
 
 

@@ -181,7 +181,7 @@ def test_staging_replays_the_sequential_reference_for_every_litmus_and_a_mixed_p
         staging = stage(program, Schedule(), CATALOG)
         observed = emulate(program, staging)
         assert POISON not in observed, "every observation slot is written by some reader"
-        assert_same(collect_observations(program, staging, observed), expected_observations(program))
+        assert_same(collect_observations(staging, observed), expected_observations(program))
 
 
 def test_staging_splits_calls_by_buffer_and_by_overlapping_stores() -> None:

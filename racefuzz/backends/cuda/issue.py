@@ -263,7 +263,7 @@ class StartedRun:
         return self._execution
 
     def _collect(self) -> Execution:
-        torch, staging, program = self._torch, self.staging, self.program
+        torch, staging = self._torch, self.staging
         torch.cuda.synchronize()
         host_end_us = (time.perf_counter() - self._t0) * 1e6
         base = staging.observed_base
@@ -276,7 +276,7 @@ class StartedRun:
                     f"the forced order(s) {orders} could not be realized: the gate's wait timed out (the host "
                     "never issued the first launch in time, or the gates wait for each other)"
                 )
-        observations = collect_observations(program, staging, readback)
+        observations = collect_observations(staging, readback)
 
         spans: list[Span] = []
         access_time: dict[int, float] = {}

@@ -24,6 +24,10 @@ POISON = int(np.iinfo(np.int32).min)
 """What every observation slot holds before its reader stores into it."""
 
 
+ObservedAt = tuple[tuple[int, tuple[tuple[int, int, tuple[int, int]], ...]], ...]
+"""Per reading launch: (its index, per read range (first slot, size, shape)); see `Staging.observed_at`."""
+
+
 class StagedCall(NamedTuple):
     """One kernel call of a launch: `kernel` over `count` rectangles of buffer `buffer`.
 
@@ -54,7 +58,8 @@ class Staging:
         observed_base: where the observation slots start in `host`.
         observed_size: how many slots there are (the sum of all read ranges' sizes).
         calls: launch index -> its kernel calls, in issue order (reads first).
-        observed_at: launch index -> where each of its read ranges starts, counted from `observed_base`.
+        observed_at: per reading launch (in issue order), its index and, per read range, where the range
+            starts among the slots (counted from `observed_base`), its size and its shape.
         tables_at: buffer id -> where that buffer's cells start in `host` (after the gate slots).
         gates_at: where the gate slots start in `host`, right after the observation slots (one copy back
             carries both): two ints per forced order of the schedule, in `Schedule.orders` order -- its
@@ -66,7 +71,7 @@ class Staging:
     observed_base: int
     observed_size: int
     calls: dict[int, tuple[StagedCall, ...]]
-    observed_at: dict[int, tuple[int, ...]]
+    observed_at: ObservedAt
     tables_at: tuple[int, ...] = ()
     gates_at: int = 0
     gate_count: int = 0
@@ -93,7 +98,7 @@ class _ProgramStaging(NamedTuple):
     observed_base: int
     observed_size: int
     calls: dict[int, tuple[StagedCall, ...]]
-    observed_at: dict[int, tuple[int, ...]]
+    observed_at: ObservedAt
     table_offsets: tuple[int, ...]
 
 
@@ -143,7 +148,7 @@ def _pack(program: Program, catalog: KernelCatalog) -> _ProgramStaging:
     chunks: list[np.ndarray] = []
     value_cursor, observed_cursor = values_base, 0
     calls: dict[int, tuple[StagedCall, ...]] = {}
-    observed_at: dict[int, tuple[int, ...]] = {}
+    observed_at: list[tuple[int, tuple[tuple[int, int, tuple[int, int]], ...]]] = []
 
     def emit(kernel: str, buffer: int, rects: list[tuple[Any, int]], reads: bool) -> StagedCall:
         at = len(descriptors)
@@ -155,12 +160,12 @@ def _pack(program: Program, catalog: KernelCatalog) -> _ProgramStaging:
         out: list[StagedCall] = []
         if launch.reads:
             by_buffer: dict[int, list[tuple[Any, int]]] = {}
-            starts: list[int] = []
+            ranges: list[tuple[int, int, tuple[int, int]]] = []
             for cells in launch.reads:
-                starts.append(observed_cursor)
+                ranges.append((observed_cursor, cells.size, cells.shape))
                 by_buffer.setdefault(cells.buffer.id, []).append((cells, observed_cursor))
-                observed_cursor += (cells.row1 - cells.row0) * (cells.col1 - cells.col0)
-            observed_at[launch.index] = tuple(starts)
+                observed_cursor += cells.size
+            observed_at.append((launch.index, tuple(ranges)))
             reader = catalog.reader_for(launch.kernel)
             out.extend(emit(reader, buffer, rects, True) for buffer, rects in by_buffer.items())
         if launch.writes:
@@ -198,7 +203,9 @@ def _pack(program: Program, catalog: KernelCatalog) -> _ProgramStaging:
         tables[at : at + buffer.rows * buffer.cols] = buffer.fill
     prefix.flags.writeable = False
     tables.flags.writeable = False
-    return _ProgramStaging(prefix, tables, value_cursor, observed_cursor, calls, observed_at, tuple(table_offsets))
+    return _ProgramStaging(
+        prefix, tables, value_cursor, observed_cursor, calls, tuple(observed_at), tuple(table_offsets)
+    )
 
 
 @per_program
@@ -207,43 +214,12 @@ def _packed_by_catalog(program: Program) -> dict[KernelCatalog, _ProgramStaging]
     return {}
 
 
-def collect_observations(program: Program, staging: Staging, observed: np.ndarray) -> Observations:
+def collect_observations(staging: Staging, observed: np.ndarray) -> Observations:
     """Cut the observation slots (`host[observed_base:]` as copied back) into per-launch, per-range arrays."""
     return {
         index: tuple(observed[at : at + size].reshape(shape) for at, size, shape in ranges)
-        for index, ranges in _observation_cuts(program, staging.observed_at)
+        for index, ranges in staging.observed_at
     }
-
-
-def _observation_cuts(
-    program: Program, observed_at: dict[int, tuple[int, ...]]
-) -> tuple[tuple[int, tuple[tuple[int, int, tuple[int, int]], ...]], ...]:
-    """Per reading launch, where each of its read ranges sits among the slots, its size and its shape;
-    computed once per program (the slots' layout depends on the program alone)."""
-    by_layout = _cuts_by_layout(program)
-    cuts = by_layout.get(id(observed_at))
-    if cuts is None or cuts[0] is not observed_at:
-        cuts = by_layout[id(observed_at)] = (
-            observed_at,
-            tuple(
-                (
-                    launch.index,
-                    tuple(
-                        (at, cells.size, cells.shape)
-                        for cells, at in zip(launch.reads, observed_at[launch.index], strict=True)
-                    ),
-                )
-                for launch in program.launches
-                if launch.reads
-            ),
-        )
-    return cuts[1]
-
-
-@per_program
-def _cuts_by_layout(program: Program) -> dict[int, tuple[dict[int, tuple[int, ...]], Any]]:
-    """`_observation_cuts`' memo: per slot layout (by identity; one per catalogue packing, in practice one)."""
-    return {}
 
 
 def timed_out_gates(staging: Staging, readback: np.ndarray) -> list[int]:
