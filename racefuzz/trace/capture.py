@@ -18,6 +18,7 @@ from racefuzz.trace.recorder import Recorder
 _ACTIVE: list[Recorder] = []
 _CALLBACKS_INSTALLED = False
 _TRITON_PATCHED = False
+_WAIT_STREAM_PATCHED = False
 
 _NOT_ACCESSES = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "record_stream", "set_", "resize_"}
@@ -277,6 +278,46 @@ def _install_gpu_callbacks() -> None:
     _CALLBACKS_INSTALLED = True
 
 
+def _patch_wait_stream() -> None:
+    """Replace `torch.cuda.Stream.wait_stream` once: with a GPU recorder active, one reused event per recorder.
+
+    torch's `wait_stream` makes a new `torch.cuda.Event` per call (Python `__new__`, `record_event`,
+    `Event.record`, `wait_event`, `Event.wait`), and with GPU tracing on the event's creation and deletion
+    each call into Python too. This one records the recorder's event on `stream` and makes `self` wait on
+    it: the same two CUDA calls (`cudaEventRecord`, `cudaStreamWaitEvent`), the same record and wait
+    callbacks (so the trace is unchanged: a wait refers to the event's latest record), without the rest.
+    Re-recording the event later cannot affect this wait: CUDA captures the event's state at the wait.
+    Outside recording, or for a stream on another device than the recorder's, torch's own runs.
+    """
+    global _WAIT_STREAM_PATCHED
+    if _WAIT_STREAM_PATCHED:
+        return
+    import torch
+
+    original = torch.cuda.Stream.wait_stream
+    record = torch._C._CudaEventBase.record
+    wait = torch._C._CudaEventBase.wait
+
+    def wait_stream(self: Any, stream: Any) -> None:
+        recorder = _ACTIVE[-1] if _ACTIVE else None
+        if (
+            recorder is None
+            or not recorder.on_gpu
+            or self.device_index != recorder.device_index
+            or stream.device_index != recorder.device_index
+        ):
+            return original(self, stream)
+        event = recorder.wait_stream_event
+        if event is None:
+            event = recorder.wait_stream_event = torch.cuda.Event()
+        record(event, stream)
+        wait(event, self)
+
+    wait_stream.__doc__ = original.__doc__
+    torch.cuda.Stream.wait_stream = wait_stream
+    _WAIT_STREAM_PATCHED = True
+
+
 def _patch_triton() -> None:
     """Wrap `triton.runtime.jit.JITFunction.run` once: a launch with the active recorder is recorded.
 
@@ -313,6 +354,7 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     """Every torch op, Triton launch, stream/event operation and allocation inside reaches `recorder`."""
     if recorder.on_gpu:
         _install_gpu_callbacks()
+        _patch_wait_stream()
     _patch_triton()
     mode = _torch_mode_class()(recorder)
     # The trace's ops and accesses are NamedTuples, which the cyclic GC keeps tracking (it stops tracking

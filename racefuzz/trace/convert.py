@@ -68,12 +68,12 @@ def to_program(trace: Trace) -> Converted:
     if has_host and HOST not in stream_names:
         stream_names.append(HOST)
     streams = {name: Stream(StreamId(i), name) for i, name in enumerate(stream_names)}
-    event_names: list[str] = []
+    event_names: dict[str, None] = {}  # insertion-ordered set: a trace of 10^5 waits is not quadratic
     for op in trace.ops:
-        if isinstance(op, (TraceRecord, TraceWait, TraceEventSync)) and op.event not in event_names:
-            event_names.append(op.event)
+        if isinstance(op, (TraceRecord, TraceWait, TraceEventSync)):
+            event_names[op.event] = None
     if has_host:
-        event_names.append(_HOST_EVENT)
+        event_names[_HOST_EVENT] = None
     events = {name: Event(EventId(i), name) for i, name in enumerate(event_names)}
     buffers = {
         key: Buffer(BufferId(i), storage.name, 1, max(storage.nbytes, 1))

@@ -179,11 +179,13 @@ class Recorder:
         self.opaque = 0
         self._stream_names: dict[int, str] = {0: "default"}
         self._seen_streams: set[str] = set()
-        self._device_index = 0
+        self.device_index = 0
+        self.wait_stream_event: Any = None
+        """The event `stream.wait_stream(other)` records and waits on while this recorder is active (GPU)."""
         if self.on_gpu:
             import torch
 
-            self._device_index = torch.cuda.current_device()
+            self.device_index = torch.cuda.current_device()
         self._event_names: dict[int, str] = {}
         self._events = 0
         self._launches_on: dict[str, int] = {}
@@ -211,7 +213,7 @@ class Recorder:
 
     def current_stream(self) -> str:
         if self.on_gpu:
-            handle = (_raw_stream or _current_raw_stream)(self._device_index)
+            handle = (_raw_stream or _current_raw_stream)(self.device_index)
             name = self._stream_names.get(handle)
             if name is not None and name in self._seen_streams:
                 return name

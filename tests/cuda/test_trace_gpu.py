@@ -48,6 +48,45 @@ def test_wait_stream_and_item_arrive_through_the_gpu_trace_callbacks():
     assert find_trace_races(trace) == []
 
 
+def test_wait_stream_while_recording_orders_the_device_with_one_reused_event():
+    """The recorder's `wait_stream` (one event per recorder, not a new one per call) still orders the
+    device: a read on b after `b.wait_stream(a)` sees a's write even when a's write is held back 50 ms."""
+    import torch
+
+    from racefuzz.trace.model import TraceWait
+
+    def step(env):
+        a, b = env.stream("a"), env.stream("b")
+        x = torch.zeros(4, device="cuda")
+        a.wait_stream(torch.cuda.current_stream())
+        b.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(a):
+            torch.cuda._sleep(50 * 1980 * 1000)  # about 50 ms of spin before the write
+            x.fill_(1)
+        b.wait_stream(a)
+        with torch.cuda.stream(b):
+            seen = x.clone()
+        torch.cuda.synchronize()
+        return {"seen": seen}
+
+    record = run_once(step, "cuda", snapshot_plan={})
+    assert record.outputs["seen"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    waited = {op.event for op in record.trace.ops if isinstance(op, TraceWait)}
+    assert len(waited) == 1, waited  # the three wait_streams share the recorder's event
+    assert find_trace_races(record.trace) == []
+    # Outside recording, torch's own wait_stream runs (a new event per call) and orders the device too.
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    x = torch.zeros(4, device="cuda")
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(50 * 1980 * 1000)
+        x.fill_(2)
+    b.wait_stream(a)
+    with torch.cuda.stream(b):
+        seen = x.clone()
+    torch.cuda.synchronize()
+    assert seen.tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
 def test_triton_launches_are_recorded_with_annotations_or_the_default():
     import torch
     import triton
