@@ -31,6 +31,8 @@ DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
 on the first CUDA example takes seconds)."""
 
 BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
+MAX_BENCH_PROCESSES = 64
+"""`bench gpu --processes`' bound (racefuzz.bench.gpu.MAX_PROCESSES, not imported here: that imports the search)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -238,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="for `mutants`: the main search's schedule strategy (default random; `orders`: forced orders alone)",
     )
+    bench.add_argument(
+        "--processes",
+        type=argtypes.bounded_int(1, MAX_BENCH_PROCESSES, "a positive integer"),
+        default=None,
+        metavar="N",
+        help=f"for `gpu`: N search processes share the GPU, 1 to {MAX_BENCH_PROCESSES} (default 1); the figures "
+        "are then examples/s per GPU with N processes",
+    )
     from racefuzz.commands.trace import add_parser as add_trace_parser
 
     add_trace_parser(command)
@@ -325,6 +335,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--quick applies to `racefuzz bench mutants` only, not to {args.which}")
     if args.strategy is not None and args.which != "mutants":
         raise InvalidArgument(f"--strategy applies to `racefuzz bench mutants` only, not to {args.which}")
+    if args.processes is not None and args.which != "gpu":
+        raise InvalidArgument(f"--processes applies to `racefuzz bench gpu` only, not to {args.which}")
     if args.json is not None:
         check_output_file(args.json, "--json")
     if args.out is not None:
@@ -334,6 +346,8 @@ def _bench(args: argparse.Namespace) -> int:
         results = bench.run(backend=resolve_backend(args.backend), quick=args.quick, strategy=args.strategy or "random")
     elif args.which == "matrix":
         results = bench.run(out=args.out)
+    elif args.which == "gpu":
+        results = bench.run(processes=args.processes or 1)
     else:
         results = bench.run()
     print(bench.render(results))

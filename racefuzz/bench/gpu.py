@@ -37,18 +37,25 @@ re-measured afterwards on the recorded programs. Goals: >= 100 examples/s and en
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
+import multiprocessing
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
 from typing import Any
 
 from racefuzz.backends import Execution, cuda
 from racefuzz.designs import load_design
-from racefuzz.errors import BackendUnavailable
+from racefuzz.errors import BackendUnavailable, InvalidArgument, RacefuzzError
+from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
 from racefuzz.oracle import find_corruptions, sequential_replay
 from racefuzz.program import (
@@ -269,11 +276,47 @@ class _TimedStarted:
         return execution
 
 
+class PhaseClock:
+    """Stamps the start and end of each timed phase of a measurement (`search`, `replay`) with
+    `time.monotonic()`, one clock for every process of the host (CLOCK_MONOTONIC on Linux).
+
+    With a barrier (`racefuzz bench gpu --processes N`), every worker waits for all the others before it
+    stamps a phase's start, and after stamping its end waits for all the others to finish the phase: the
+    workers' searches overlap, then their replays do, and no worker's replay runs beside another's search.
+    Without one (a single process) it only stamps.
+    """
+
+    def __init__(self, barrier: Any = None, timeout_s: float | None = None) -> None:
+        self.barrier, self.timeout_s = barrier, timeout_s
+        self.stamps: dict[str, list[float]] = {}
+
+    def start(self, phase: str) -> None:
+        if self.barrier is not None:
+            self.barrier.wait(self.timeout_s)
+        self.stamps[phase] = [time.monotonic(), math.nan]
+
+    def end(self, phase: str) -> None:
+        self.stamps[phase][1] = time.monotonic()
+        if self.barrier is not None:
+            self.barrier.wait(self.timeout_s)
+
+
 def _one_run(
-    examples: int, seed: int, fixed: bool, batch: int, overlap: bool, strategy: str = "random"
+    examples: int,
+    seed: int,
+    fixed: bool,
+    batch: int,
+    overlap: bool,
+    strategy: str = "random",
+    clock: PhaseClock | None = None,
 ) -> tuple[dict[str, Any], Recorded]:
-    """One timed search, then the plain replay of what it ran; (figures, recorded programs)."""
+    """One timed search, then the plain replay of what it ran; (figures, recorded programs).
+
+    `clock` brackets the timed search and the timed replay (the replay's set-up, untimed, runs between the
+    two); with `--processes N` its barrier lines the workers' phases up (see `PhaseClock`)."""
+    clock = clock if clock is not None else PhaseClock()
     run = RecordingExecutor(overlap)
+    clock.start("search")
     start = time.perf_counter()
     result = search(
         load_design(DESIGN),
@@ -289,9 +332,12 @@ def _one_run(
         strategy=strategy,
     )
     search_s = time.perf_counter() - start
+    clock.end("search")
     recorded = run.recorded
     replay = PlainReplay(recorded)
+    clock.start("replay")
     replay_s = replay.run()
+    clock.end("replay")
     delays_us = [
         sum(s.host_delays.values()) + sum(s.device_delays.values()) + sum(s.read_spins.values()) for _, s in recorded
     ]
@@ -363,23 +409,11 @@ among all unordered launch pairs: `war-after-launch` has no race, so `orders` wo
 GOALS = {"spin": (GOAL_EXAMPLES_PER_S, GOAL_OVERHEAD), "gates": (GOAL_GATES_EXAMPLES_PER_S, GOAL_GATES_OVERHEAD)}
 
 
-def run(
-    examples: int = EXAMPLES,
-    repeats: int = REPEATS,
-    rows: tuple[str, ...] | None = None,
-    seeds: tuple[int, ...] | None = None,
-) -> dict[str, Any]:
-    """Measure (see the module docstring); a JSON-able dict. `BackendUnavailable` without a usable GPU."""
-    reason = cuda.cuda_unavailable_reason()
-    if reason is not None:
-        raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
-    setup_start = time.perf_counter()
-    # Warm-up, untimed: Hypothesis's first draws, the kernels' first launches, torch's stream pool.
-    search(load_design(DESIGN), cuda.CudaExecutor(), backend="cuda", examples=50, seed=99, repeat=K, shrink=False)
-    results: dict[str, Any] = {
+def _header(examples: int, versions: dict[str, str], setup_s: float, processes: int) -> dict[str, Any]:
+    return {
         "benchmark": "gpu",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **_versions(),
+        **versions,
         "machine": platform.machine(),
         "spin_clock": "%globaltimer (ns)",
         "design": DESIGN,
@@ -388,9 +422,37 @@ def run(
         "examples_per_run": examples,
         "goal_examples_per_s": GOAL_EXAMPLES_PER_S,
         "goal_overhead": GOAL_OVERHEAD,
-        "setup_s": round(time.perf_counter() - setup_start, 3),
+        "processes": processes,
+        "setup_s": round(setup_s, 3),
         "rows": [],
     }
+
+
+def _warm_up() -> None:
+    """Untimed: Hypothesis's first draws, the kernels' first launches, torch's stream pool."""
+    search(load_design(DESIGN), cuda.CudaExecutor(), backend="cuda", examples=50, seed=99, repeat=K, shrink=False)
+
+
+def run(
+    examples: int = EXAMPLES,
+    repeats: int = REPEATS,
+    rows: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    processes: int = 1,
+) -> dict[str, Any]:
+    """Measure (see the module docstring); a JSON-able dict. `BackendUnavailable` without a usable GPU.
+
+    `processes` > 1: N worker processes share the GPU (`run_processes`)."""
+    reason = cuda.cuda_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise InvalidArgument(f"--processes: expected 1 to {MAX_PROCESSES}, got {processes}")
+    if processes > 1:
+        return run_processes(processes, examples, repeats, rows, seeds)
+    setup_start = time.perf_counter()
+    _warm_up()
+    results = _header(examples, _versions(), time.perf_counter() - setup_start, 1)
     for label, fixed, batch, overlap, strategy, goal in ROWS:
         if rows is not None and label not in rows:
             continue
@@ -423,14 +485,370 @@ def run(
     return results
 
 
-def render(results: dict[str, Any]) -> str:
-    """The figures as a text table, with the goals' verdicts and the per-example breakdown."""
+# --- `racefuzz bench gpu --processes N`: N search processes sharing one GPU -------------------------------
+
+MAX_PROCESSES = 64
+"""The largest --processes accepted: a bound, so that a typo does not start thousands of CUDA contexts."""
+WORKER_TIMEOUT_S = 600.0
+"""How long the parent waits for a worker's set-up or for one task, and a worker at a barrier for the others."""
+GRACE_S = 15.0
+"""After one worker failed, how long the parent waits for the others to report before stopping them."""
+
+Stamps = dict[str, list[float]]
+
+
+class WorkerFailed(RacefuzzError):
+    """A worker of `--processes N` raised, died or gave no result in time; the message names it and why.
+
+    The exit code is the worker's own error's where that was a `RacefuzzError` (a worker that finds no GPU:
+    2), else 5 (internal error)."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.INTERNAL) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _describe(exc: BaseException) -> tuple[str, int]:
+    """One line for a worker's exception: type, message and the innermost frame; and the exit code it maps to."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    code = int(exc.exit_code) if isinstance(exc, RacefuzzError) else int(ExitCode.INTERNAL)
+    return f"{type(exc).__name__}: {message}{where}", code
+
+
+def _worker(
+    index: int,
+    setup: Callable[[int], dict[str, Any]],
+    measure: Callable[[Any, int, PhaseClock], dict[str, Any]],
+    conn: Connection,
+    barrier: Any,
+    timeout_s: float,
+) -> None:
+    """A worker process's entry point (top level: `spawn` pickles it by name).
+
+    Sends ("ready", set-up seconds, setup's dict), then for each task the parent sends ("done", measure's
+    figures, the PhaseClock's stamps), until it receives None. On any exception it breaks the barrier (so
+    that the other workers stop waiting for it), sends ("error", description, exit code) and exits."""
+    try:
+        start = time.perf_counter()
+        info = setup(index)
+        conn.send(("ready", time.perf_counter() - start, info))
+        while (task := conn.recv()) is not None:
+            clock = PhaseClock(barrier, timeout_s)
+            figures = measure(task, index, clock)
+            conn.send(("done", figures, clock.stamps))
+    except EOFError:  # the parent went away
+        barrier.abort()
+    except BaseException as exc:  # KeyboardInterrupt too: the parent must hear of it rather than wait
+        barrier.abort()
+        with contextlib.suppress(OSError):  # the parent may be gone
+            conn.send(("error", *_describe(exc)))
+    finally:
+        conn.close()
+
+
+class WorkerPool:
+    """N `spawn`ed worker processes sharing a barrier; `run(task)` gives every worker the same task at once.
+
+    Each worker calls `setup(index)` once (imports, CUDA context, warm-up: outside every timed window; its
+    seconds are `setup_s`), then `measure(task, index, clock)` per task, where `clock` is a `PhaseClock` on the
+    shared barrier. A worker that raises, dies or overruns `timeout_s` stops the pool: `WorkerFailed`, naming
+    it, and every worker is stopped (no hang: barrier waits and the parent's waits all have timeouts)."""
+
+    def __init__(
+        self,
+        processes: int,
+        setup: Callable[[int], dict[str, Any]],
+        measure: Callable[[Any, int, PhaseClock], dict[str, Any]],
+        timeout_s: float = WORKER_TIMEOUT_S,
+    ) -> None:
+        context = multiprocessing.get_context("spawn")  # CUDA: a fork after CUDA is initialised is broken
+        self.processes, self.timeout_s = processes, timeout_s
+        self.barrier = context.Barrier(processes)
+        self.conns: list[Connection] = []
+        self.workers: list[Any] = []
+        self._child_conns: list[Connection] = []
+        for index in range(processes):
+            parent_end, child_end = context.Pipe()
+            self.conns.append(parent_end)
+            self._child_conns.append(child_end)
+            self.workers.append(
+                context.Process(
+                    target=_worker,
+                    args=(index, setup, measure, child_end, self.barrier, timeout_s),
+                    name=f"racefuzz-bench-worker-{index}",
+                    daemon=True,
+                )
+            )
+        self.setup_s: list[float] = []
+        self.setup_info: list[dict[str, Any]] = []
+        self._closed = False
+
+    def __enter__(self) -> WorkerPool:
+        try:
+            for worker, child_end in zip(self.workers, self._child_conns, strict=True):
+                worker.start()
+                child_end.close()  # the worker holds it now; closed here, a dead worker reads as EOF
+            replies = self._collect("while setting up (imports, CUDA context, warm-up)")
+        except BaseException:
+            self.close()
+            raise
+        self.setup_s = [reply[1] for reply in replies]
+        self.setup_info = [reply[2] for reply in replies]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def run(self, task: Any, what: str = "") -> list[tuple[dict[str, Any], Stamps]]:
+        """Every worker measures `task` together; [(figures, stamps)] in worker order."""
+        for conn in self.conns:
+            conn.send(task)
+        replies = self._collect(what or f"measuring {task!r}")
+        return [(reply[1], reply[2]) for reply in replies]
+
+    def _collect(self, what: str) -> list[tuple[Any, ...]]:
+        replies: list[tuple[Any, ...] | None] = [None] * self.processes
+        errors: dict[int, tuple[str, int]] = {}
+        pending = set(range(self.processes))
+        deadline = time.monotonic() + self.timeout_s
+        while pending and (remaining := deadline - time.monotonic()) > 0:
+            watched = [self.conns[i] for i in pending] + [self.workers[i].sentinel for i in pending]
+            ready = set(connection_wait(watched, remaining))
+            for i in sorted(pending):
+                if self.conns[i] in ready or self.conns[i].poll():
+                    try:
+                        reply = self.conns[i].recv()
+                    except (EOFError, OSError):
+                        reply = self._died(i)
+                elif self.workers[i].sentinel in ready:
+                    reply = self._died(i)
+                else:
+                    continue
+                pending.discard(i)
+                if reply[0] == "error":
+                    errors[i] = (reply[1], reply[2])
+                    if len(errors) == 1:  # wake the others at the barrier, give them a moment to report
+                        self.barrier.abort()
+                        deadline = min(deadline, time.monotonic() + GRACE_S)
+                else:
+                    replies[i] = reply
+        if pending and not errors:
+            errors = {i: (f"gave no result within {self.timeout_s:g} s", int(ExitCode.INTERNAL)) for i in pending}
+            pending = set()
+        if errors:
+            self.close()
+            # The first failure, not the BrokenBarrierErrors it caused in the workers waiting for it.
+            first = min(errors, key=lambda i: ("BrokenBarrierError" in errors[i][0], i))
+            others = len(errors) - 1 + len(pending)
+            also = f" ({others} other worker(s) stopped with it)" if others else ""
+            raise WorkerFailed(
+                f"worker {first} of {self.processes} failed {what}: {errors[first][0]}{also}",
+                ExitCode(errors[first][1]),
+            )
+        return [reply for reply in replies if reply is not None]
+
+    def _died(self, i: int) -> tuple[str, str, int]:
+        self.workers[i].join(1.0)
+        return ("error", f"exited with code {self.workers[i].exitcode} without a result", int(ExitCode.INTERNAL))
+
+    def close(self) -> None:
+        """Ask every worker to exit, then stop whichever has not within a few seconds. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self.conns:
+            with contextlib.suppress(OSError):  # that worker has exited already
+                conn.send(None)
+        deadline = time.monotonic() + 5.0
+        for worker in self.workers:
+            if worker.pid is not None:
+                worker.join(max(0.0, deadline - time.monotonic()))
+        for worker in self.workers:
+            if worker.pid is not None and worker.is_alive():
+                worker.terminate()
+                worker.join(2.0)
+            if worker.pid is not None and worker.is_alive():
+                worker.kill()
+                worker.join(2.0)
+        for conn in self.conns:
+            conn.close()
+
+
+def aggregate(workers: Sequence[tuple[int, Sequence[float], Sequence[float]]]) -> dict[str, float]:
+    """The figures of one GPU shared by N processes, from each worker's (examples, search window, replay window).
+
+    A window is (start, end) on `time.monotonic()`. Each phase's wall time runs from the first worker's start
+    (they start together, behind a barrier) to the last worker's end; examples/s is every worker's examples
+    over that wall time, for the search and for the plain replay, and the end-to-end overhead is the replay's
+    examples/s over the search's (= search wall / replay wall). `start_skew_s` (the latest start minus the
+    first) says how well the barrier lined the workers up, `end_spread_s` how long the last worker ran after
+    the first had finished.
+    """
+    if not workers:
+        raise ValueError("aggregate needs at least one worker")
+    for examples, *windows in workers:
+        if examples < 0 or any(not end >= start for start, end in windows):
+            raise ValueError(f"a worker's windows must end after they start, and examples be >= 0: {workers}")
+    total = sum(examples for examples, _, _ in workers)
+
+    def wall(phase: int) -> float:
+        return max(w[phase][1] for w in workers) - min(w[phase][0] for w in workers)
+
+    search_wall, replay_wall = wall(1), wall(2)
+    search_eps = total / search_wall if search_wall > 0 else math.inf
+    replay_eps = total / replay_wall if replay_wall > 0 else math.inf
+    return {
+        "processes": len(workers),
+        "examples": total,
+        "search_wall_s": round(search_wall, 4),
+        "examples_per_s": round(search_eps, 1),
+        "replay_wall_s": round(replay_wall, 4),
+        "replay_examples_per_s": round(replay_eps, 1),
+        "overhead_end_to_end": round(search_wall / replay_wall, 3) if replay_wall > 0 else math.inf,
+        "start_skew_s": round(max(w[1][0] for w in workers) - min(w[1][0] for w in workers), 4),
+        "end_spread_s": round(max(w[1][1] for w in workers) - min(w[1][1] for w in workers), 4),
+    }
+
+
+def worker_seed(seed: int, index: int) -> int:
+    """The Hypothesis seed of worker `index` in the run of `seed`: distinct across workers and seeds."""
+    return seed * 1000 + index
+
+
+def _gpu_setup(index: int) -> dict[str, Any]:
+    """A worker's set-up: the GPU check, imports and CUDA context, the warm-up; the versions (untimed)."""
+    reason = cuda.cuda_unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
+    _warm_up()
+    return _versions()
+
+
+def _gpu_measure(task: tuple[int, int, bool, int, bool, str], index: int, clock: PhaseClock) -> dict[str, Any]:
+    """A worker's measurement: the single-process row's `_one_run`, its phases on the shared barrier."""
+    examples, seed, fixed, batch, overlap, strategy = task
+    figures, _ = _one_run(examples, worker_seed(seed, index), fixed, batch, overlap, strategy, clock)
+    return {"worker": index, **figures}
+
+
+def run_processes(
+    processes: int,
+    examples: int = EXAMPLES,
+    repeats: int = REPEATS,
+    rows: tuple[str, ...] | None = None,
+    seeds: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
+    """`run` with N worker processes sharing the GPU (see the module docstring); a JSON-able dict."""
+    setup_start = time.perf_counter()
+    with WorkerPool(processes, _gpu_setup, _gpu_measure) as pool:
+        results = _header(examples, pool.setup_info[0], time.perf_counter() - setup_start, processes)
+        results["worker_setup_s"] = [round(s, 3) for s in pool.setup_s]
+        results["worker_seeds"] = "seed * 1000 + worker"
+        for label, fixed, batch, overlap, strategy, goal in ROWS:
+            if rows is not None and label not in rows:
+                continue
+            runs = []
+            for seed in seeds if seeds is not None else range(repeats):
+                task = (examples, seed, fixed, batch, overlap, strategy)
+                measured = pool.run(task, f"in row {label!r}, seed {seed}")
+                workers = [{**figures, "stamps": stamps} for figures, stamps in measured]
+                windows = [(w["examples"], w["stamps"]["search"], w["stamps"]["replay"]) for w in workers]
+                runs.append({"seed": seed, **aggregate(windows), "workers": workers})
+                print(f"iterations {label}, {processes} processes: {runs[-1]}", file=sys.stderr, flush=True)
+            results["rows"].append(
+                {
+                    "iterations": label,
+                    "batch": batch,
+                    "overlap": overlap,
+                    "strategy": strategy,
+                    "counts_toward_goals": goal is not None,
+                    "goals": goal,
+                    "processes": processes,
+                    "examples_per_s": statistics.median(r["examples_per_s"] for r in runs),
+                    "replay_examples_per_s": statistics.median(r["replay_examples_per_s"] for r in runs),
+                    "overhead_end_to_end": statistics.median(r["overhead_end_to_end"] for r in runs),
+                    "overhead_backend_median_worker": statistics.median(
+                        w["overhead_backend"] for r in runs for w in r["workers"]
+                    ),
+                    "runs": runs,
+                }
+            )
+    return results
+
+
+def _verdicts(row: dict[str, Any], per: str = "") -> tuple[str, str]:
+    if not row.get("counts_toward_goals", True):
+        return "", "(ablation, not a goal row)"
+    goal_eps, goal_overhead = GOALS[row.get("goals") or "spin"]
+    eps, e2e = row["examples_per_s"], row["overhead_end_to_end"]
+    return (
+        f"({'meets' if eps >= goal_eps else 'MISSES'} {goal_eps}/s{per})",
+        f"({'meets' if e2e <= goal_overhead else 'MISSES'} x{goal_overhead})",
+    )
+
+
+def _render_processes(results: dict[str, Any]) -> str:
+    """`render` for `--processes N` > 1: every worker's run, each concurrent run's aggregate, the medians."""
+    n = results["processes"]
+    per_gpu = f" per GPU with {n} processes"
     lines = [
         f"racefuzz GPU benchmark  {results['date']}  {results['device']}  torch {results['torch']}  "
         f"cupy {results['cupy']}  python {results['python']}",
         f"design {results['design']}, hazards {results['hazards']}, k={results['repeat_k']}, "
         f"spins on {results.get('spin_clock', 'clock64')}; goals >= {GOAL_EXAMPLES_PER_S} examples/s, "
         f"end-to-end overhead <= {GOAL_OVERHEAD}x a plain replay of the same kernel sequences",
+        f"processes: {n} -- {n} search processes share one GPU: their timed searches start together behind a "
+        f"barrier, then their plain replays do; every figure below marked 'all' is examples/s{per_gpu} (every "
+        f"worker's examples over the wall time from the first start to the last end), NOT one process's throughput",
+        f"set-up per worker (imports, CUDA context, warm-up; untimed): "
+        f"{', '.join(f'{s:.1f}' for s in results['worker_setup_s'])} s; pool ready after {results['setup_s']:.1f} s",
+        f"{'iters':>5} {'strat':>6} {'batch':>5} {'seed':>4} {'worker':>6} {'examples':>8} {'search s':>9} "
+        f"{'ex/s':>7} {'backend s':>9} {'replay s':>9} {'e2e x':>6} {'backend x':>9} replay-check",
+    ]
+    for row in results["rows"]:
+        label, strategy = row["iterations"].split()[0], row.get("strategy", "random")[:6]
+        for r in row["runs"]:
+            for w in r["workers"]:
+                lines.append(
+                    f"{label:>5} {strategy:>6} {w['batch']:>5} {r['seed']:>4} {w['worker']:>6} {w['examples']:>8} "
+                    f"{w['search_s']:>9.3f} {w['examples_per_s']:>7.1f} {w['backend_s']:>9.3f} "
+                    f"{w['replay_s']:>9.3f} {w['overhead_end_to_end']:>6.2f} {w['overhead_backend']:>9.2f} "
+                    f"{'ok' if w['replay_corrupted_examples'] == 0 else 'CORRUPTED'}"
+                    + ("  (stopped at a race)" if w["found"] else "")
+                )
+            lines.append(
+                f"{label:>5} {strategy:>6} {row['batch']:>5} {r['seed']:>4} {'all':>6} {r['examples']:>8} "
+                f"{r['search_wall_s']:>9.3f} {r['examples_per_s']:>7.1f} {'':>9} {r['replay_wall_s']:>9.3f} "
+                f"{r['overhead_end_to_end']:>6.2f} {'':>9} examples/s{per_gpu}; replay {r['replay_examples_per_s']:.1f}"
+                f"/s; starts within {r['start_skew_s'] * 1e3:.1f} ms, ends within {r['end_spread_s'] * 1e3:.0f} ms"
+            )
+    lines.append(f"median per row (examples/s{per_gpu}, not per process):")
+    for row in results["rows"]:
+        verdicts = _verdicts(row, per_gpu)
+        gates = statistics.mean(w.get("mean_gates", 0) for r in row["runs"] for w in r["workers"])
+        lines.append(
+            f"  iterations {row['iterations']} ({row.get('strategy', 'random')}, {gates:.1f} gates/example): "
+            f"{row['examples_per_s']:7.1f} examples/s{per_gpu} {verdicts[0]}; plain replay "
+            f"{row['replay_examples_per_s']:.1f} examples/s{per_gpu}; end-to-end overhead "
+            f"x{row['overhead_end_to_end']:.2f} {verdicts[1]}; backend overhead x"
+            f"{row['overhead_backend_median_worker']:.2f} (median worker)"
+        )
+    return "\n".join(lines)
+
+
+def render(results: dict[str, Any]) -> str:
+    """The figures as a text table, with the goals' verdicts and the per-example breakdown."""
+    if results.get("processes", 1) > 1:
+        return _render_processes(results)
+    lines = [
+        f"racefuzz GPU benchmark  {results['date']}  {results['device']}  torch {results['torch']}  "
+        f"cupy {results['cupy']}  python {results['python']}",
+        f"design {results['design']}, hazards {results['hazards']}, k={results['repeat_k']}, "
+        f"spins on {results.get('spin_clock', 'clock64')}; goals >= {GOAL_EXAMPLES_PER_S} examples/s, "
+        f"end-to-end overhead <= {GOAL_OVERHEAD}x a plain replay of the same kernel sequences; "
+        f"processes: {results.get('processes', 1)}",
         f"{'iters':>5} {'strat':>6} {'batch':>5} {'seed':>4} {'examples':>8} {'search s':>9} {'ex/s':>7} "
         f"{'backend s':>9} "
         f"{'replay s':>9} {'e2e x':>6} {'backend x':>9} {'delay us':>9} {'ops':>5} replay-check",
@@ -449,14 +867,7 @@ def render(results: dict[str, Any]) -> str:
     lines.append("median per row:")
     for row in results["rows"]:
         eps, e2e = row["examples_per_s"], row["overhead_end_to_end"]
-        if row.get("counts_toward_goals", True):
-            goal_eps, goal_overhead = GOALS[row.get("goals") or "spin"]
-            verdicts = (
-                f"({'meets' if eps >= goal_eps else 'MISSES'} {goal_eps}/s)",
-                f"({'meets' if e2e <= goal_overhead else 'MISSES'} x{goal_overhead})",
-            )
-        else:
-            verdicts = ("", "(ablation, not a goal row)")
+        verdicts = _verdicts(row)
         lines.append(
             f"  iterations {row['iterations']} ({row.get('strategy', 'random')}, "
             f"{statistics.mean(r.get('mean_gates', 0) for r in row['runs']):.1f} gates/example): "
