@@ -490,9 +490,13 @@ def run(
 MAX_PROCESSES = 64
 """The largest --processes accepted: a bound, so that a typo does not start thousands of CUDA contexts."""
 WORKER_TIMEOUT_S = 600.0
-"""How long the parent waits for a worker's set-up or for one task, and a worker at a barrier for the others."""
+"""How long a worker waits at a barrier for the others, and the parent (plus GRACE_S) for a worker's set-up or
+task."""
 GRACE_S = 15.0
 """After one worker failed, how long the parent waits for the others to report before stopping them."""
+
+CLOSE_GRACE_S = 5.0
+"""When the pool closes, how long the workers have to exit before they are terminated."""
 
 Stamps = dict[str, list[float]]
 
@@ -546,6 +550,19 @@ def _worker(
             conn.send(("error", *_describe(exc)))
     finally:
         conn.close()
+
+
+def _rank(error: str) -> int:
+    """Which of several workers' errors to report: the cause, not the workers it stopped. A worker's own
+    exception first, then a worker that gave no result in time, then one stopped after another failed, and
+    last a BrokenBarrierError (a worker released from the barrier because another failed or hung)."""
+    if "BrokenBarrierError" in error:
+        return 3
+    if error.startswith("was stopped"):
+        return 2
+    if error.startswith("gave no result"):
+        return 1
+    return 0
 
 
 class WorkerPool:
@@ -612,7 +629,8 @@ class WorkerPool:
         replies: list[tuple[Any, ...] | None] = [None] * self.processes
         errors: dict[int, tuple[str, int]] = {}
         pending = set(range(self.processes))
-        deadline = time.monotonic() + self.timeout_s
+        # Longer than a worker waits at the barrier: a hung worker's partners report first, and it is named.
+        deadline = time.monotonic() + self.timeout_s + GRACE_S
         while pending and (remaining := deadline - time.monotonic()) > 0:
             watched = [self.conns[i] for i in pending] + [self.workers[i].sentinel for i in pending]
             ready = set(connection_wait(watched, remaining))
@@ -634,15 +652,16 @@ class WorkerPool:
                         deadline = min(deadline, time.monotonic() + GRACE_S)
                 else:
                     replies[i] = reply
-        if pending and not errors:
-            errors = {i: (f"gave no result within {self.timeout_s:g} s", int(ExitCode.INTERNAL)) for i in pending}
-            pending = set()
+        # Still running: busy when another worker failed; else hung (the others, at the barrier, timed out).
+        if any(_rank(message) == 0 for message, _ in errors.values()):
+            why = "was stopped, still running after another worker failed"
+        else:
+            why = f"gave no result within {self.timeout_s:g} s"
+        errors.update({i: (why, int(ExitCode.INTERNAL)) for i in pending})
         if errors:
             self.close()
-            # The first failure, not the BrokenBarrierErrors it caused in the workers waiting for it.
-            first = min(errors, key=lambda i: ("BrokenBarrierError" in errors[i][0], i))
-            others = len(errors) - 1 + len(pending)
-            also = f" ({others} other worker(s) stopped with it)" if others else ""
+            first = min(errors, key=lambda i: (_rank(errors[i][0]), i))
+            also = f" ({len(errors) - 1} other worker(s) stopped with it)" if len(errors) > 1 else ""
             raise WorkerFailed(
                 f"worker {first} of {self.processes} failed {what}: {errors[first][0]}{also}",
                 ExitCode(errors[first][1]),
@@ -661,7 +680,7 @@ class WorkerPool:
         for conn in self.conns:
             with contextlib.suppress(OSError):  # that worker has exited already
                 conn.send(None)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for worker in self.workers:
             if worker.pid is not None:
                 worker.join(max(0.0, deadline - time.monotonic()))
