@@ -33,6 +33,22 @@ still running after the last issue: the time the overlap can use), and the host 
 backend (Hypothesis's draw, decode, program build, both oracles), with the oracles and staging
 re-measured afterwards on the recorded programs. Goals: >= 100 examples/s and end-to-end overhead
 <= 1.5x.
+
+Processes (`racefuzz bench gpu --processes N`, default 1: all of the above, in one process). The search
+is host-bound, so one process leaves the GPU mostly idle; GPU CI runs racefuzz under pytest-xdist with
+several workers on one GPU. With N > 1, N worker processes (`spawn`ed: CUDA breaks under fork) share the
+GPU. Each sets up once, outside every timed window (imports, CUDA context, the warm-up; reported as each
+worker's set-up seconds and the pool's), then, for each row and seed, every worker runs the single-process
+row's measurement (`_one_run`) with its own seed (seed * 1000 + worker) in two phases behind a barrier: the
+timed searches start together, and the timed plain replays start together once every search is done (the
+replays' set-up runs between the two, untimed), so the searches overlap one another and so do the replays,
+and no replay runs beside a search. Per row and seed (`aggregate`): examples/s per GPU = every worker's
+examples over the wall time from the first worker's start to the last one's end (`time.monotonic()`, one
+clock for the host's processes); the plain replay's examples/s per GPU likewise; the end-to-end overhead =
+the replay's over the search's; with each worker's own figures beside (its examples/s is its share while
+sharing the GPU). The rows' medians and the goals' verdicts are then examples/s per GPU with N processes,
+never one process's throughput. No per-example breakdown (the single-process run gives it). A worker that
+raises, dies or gives no result within WORKER_TIMEOUT_S stops the benchmark with an error naming it.
 """
 
 from __future__ import annotations
@@ -758,10 +774,15 @@ def run_processes(
     repeats: int = REPEATS,
     rows: tuple[str, ...] | None = None,
     seeds: tuple[int, ...] | None = None,
+    setup: Callable[[int], dict[str, Any]] = _gpu_setup,
+    measure: Callable[[Any, int, PhaseClock], dict[str, Any]] = _gpu_measure,
 ) -> dict[str, Any]:
-    """`run` with N worker processes sharing the GPU (see the module docstring); a JSON-able dict."""
+    """`run` with N worker processes sharing the GPU (see the module docstring); a JSON-able dict.
+
+    `setup` and `measure` are the workers' (top-level functions: `spawn` pickles them by name); the tests
+    pass stand-ins for the GPU's to run this on the CPU."""
     setup_start = time.perf_counter()
-    with WorkerPool(processes, _gpu_setup, _gpu_measure) as pool:
+    with WorkerPool(processes, setup, measure) as pool:
         results = _header(examples, pool.setup_info[0], time.perf_counter() - setup_start, processes)
         results["worker_setup_s"] = [round(s, 3) for s in pool.setup_s]
         results["worker_seeds"] = "seed * 1000 + worker"
@@ -835,6 +856,7 @@ def _render_processes(results: dict[str, Any]) -> str:
                     f"{w['search_s']:>9.3f} {w['examples_per_s']:>7.1f} {w['backend_s']:>9.3f} "
                     f"{w['replay_s']:>9.3f} {w['overhead_end_to_end']:>6.2f} {w['overhead_backend']:>9.2f} "
                     f"{'ok' if w['replay_corrupted_examples'] == 0 else 'CORRUPTED'}"
+                    + ("" if w["overlap"] else "  (no overlap)")
                     + ("  (stopped at a race)" if w["found"] else "")
                 )
             lines.append(

@@ -4,6 +4,8 @@ measurement in place of the GPU search. The GPU measurement itself runs on the H
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from typing import Any
 
@@ -225,6 +227,7 @@ def _fake_results(processes: int) -> dict[str, Any]:
         "overhead_backend": 2.0,
         "replay_corrupted_examples": 0,
         "found": False,
+        "overlap": True,
         "mean_gates": 1.2,
     }
     workers = [{**worker, "worker": i, "seed": i} for i in range(processes)]
@@ -273,3 +276,40 @@ def test_the_text_says_per_gpu_with_n_processes_in_every_verdict() -> None:
             assert "(meets 100/s per GPU with 4 processes)" in line or "/s per GPU with 4 processes)" in line
     assert "2000.0 examples/s per GPU with 4 processes (meets 1000/s per GPU with 4 processes)" in text
     assert "set-up per worker (imports, CUDA context, warm-up; untimed): 19.0, 19.0, 19.0, 19.0 s" in text
+
+
+def standin_versions(index: int) -> dict[str, Any]:
+    return {"python": "3", "torch": "stand-in", "cupy": "stand-in", "numpy": "stand-in", "device": "no GPU"}
+
+
+def standin_one_run(task: tuple[Any, ...], index: int, clock: PhaseClock) -> dict[str, Any]:
+    """`_gpu_measure`'s figures, made up: `examples` examples in 0.05 s, replayed in 0.02 s."""
+    examples, seed, _fixed, batch, overlap, strategy = task
+    clock.start("search")
+    time.sleep(0.05)
+    clock.end("search")
+    clock.start("replay")
+    time.sleep(0.02)
+    clock.end("replay")
+    figures = {"seed": gpu.worker_seed(seed, index), "strategy": strategy, "mean_gates": 1.0, "batch": batch}
+    figures |= {"overlap": overlap, "examples": examples, "executes": examples, "found": False, "flaky": 0}
+    figures |= {"search_s": 0.05, "examples_per_s": examples / 0.05, "backend_s": 0.03, "replay_s": 0.02}
+    figures |= {"overhead_end_to_end": 2.5, "overhead_backend": 1.5, "replay_corrupted_examples": 0}
+    return {"worker": index, **figures}
+
+
+def test_run_processes_assembles_rows_from_the_workers_and_renders_them() -> None:
+    results = gpu.run_processes(
+        2, examples=7, rows=("8 gates",), seeds=(0, 1), setup=standin_versions, measure=standin_one_run
+    )
+    assert results["processes"] == 2 and results["device"] == "no GPU" and len(results["worker_setup_s"]) == 2
+    (row,) = results["rows"]
+    assert row["iterations"] == "8 gates" and row["processes"] == 2 and len(row["runs"]) == 2
+    for seed, concurrent in zip((0, 1), row["runs"], strict=True):
+        assert concurrent["seed"] == seed and concurrent["examples"] == 14
+        assert [w["seed"] for w in concurrent["workers"]] == [seed * 1000, seed * 1000 + 1]
+        assert 0.04 < concurrent["search_wall_s"] < 2.0
+    assert row["examples_per_s"] == statistics.median(r["examples_per_s"] for r in row["runs"])
+    text = gpu.render(results)
+    assert "processes: 2" in text and "examples/s per GPU with 2 processes" in text
+    json.dumps(results)  # JSON-able
