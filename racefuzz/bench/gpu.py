@@ -637,7 +637,8 @@ class WorkerPool:
     def run(self, task: Any, what: str = "") -> list[tuple[dict[str, Any], Stamps]]:
         """Every worker measures `task` together; [(figures, stamps)] in worker order."""
         for conn in self.conns:
-            conn.send(task)
+            with contextlib.suppress(OSError):  # a worker that died since: `_collect` names it
+                conn.send(task)
         replies = self._collect(what or f"measuring {task!r}")
         return [(reply[1], reply[2]) for reply in replies]
 

@@ -5,6 +5,7 @@ measurement in place of the GPU search. The GPU measurement itself runs on the H
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -144,6 +145,8 @@ def failing_setup(index: int) -> dict[str, Any]:
 def standin_measure(task: dict[str, Any], index: int, clock: PhaseClock) -> dict[str, Any]:
     if task.get("fail") == index:
         raise ValueError(f"stand-in failure in worker {index}")
+    if task.get("die") == index:
+        os._exit(3)  # as a crash in CUDA would: no exception, no reply
     clock.start("search")
     time.sleep(task["search_s"] * (index + 1))
     if task.get("hang") == index:
@@ -190,6 +193,13 @@ def test_a_worker_that_raises_is_named_and_nothing_hangs() -> None:
     assert failed.value.exit_code == ExitCode.INTERNAL
     assert all(not worker.is_alive() for worker in pool.workers)
     assert time.monotonic() - start < 30  # worker 0, waiting at the barrier, was released, not timed out
+
+
+def test_a_worker_that_dies_is_named_with_its_exit_status() -> None:
+    with WorkerPool(2, standin_setup, standin_measure, timeout_s=60) as pool, pytest.raises(WorkerFailed) as failed:
+        pool.run({"examples": 1, "search_s": 0.05, "replay_s": 0.05, "die": 1}, "in the stand-in row")
+    assert str(failed.value).startswith("worker 1 of 2 failed in the stand-in row: exited with code 3 without a result")
+    assert all(not worker.is_alive() for worker in pool.workers)
 
 
 def test_a_worker_that_fails_to_set_up_is_named_with_its_exit_code() -> None:
