@@ -92,46 +92,80 @@ def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
 
 
 def recording_cost(ops: int = 2000, runs: int = 5, device: str = "cuda") -> dict[str, float]:
-    """µs per op (median of `runs`): plain, recorded (trace only: no snapshots, no serialization), recorded
-    as a reference run (a snapshot of every write). `device="cpu"`: CPU tensors through the dispatch mode
-    with virtual streams (the unit tests' path), to profile the recorder where there is no GPU."""
-    return {k: statistics.median(v) for k, v in _recording_samples(ops, runs, device).items()}
+    """µs per op (median of `runs`): plain before any recorder, plain after (torch's GPU-trace callbacks on),
+    recorded (trace only: no snapshots, no serialization), recorded as a reference run (a snapshot of every
+    write); and the overheads `_overheads` derives from them. `device="cpu"`: CPU tensors through the
+    dispatch mode with virtual streams (the unit tests' path), to profile the recorder where there is no GPU."""
+    samples = _recording_samples(ops, runs, device)
+    return {**{k: statistics.median(v) for k, v in samples.items()}, **_overheads(samples, statistics.median)}
+
+
+def _overheads(samples: dict[str, list[float]], statistic: Any) -> dict[str, float]:
+    """The recording overhead per op, two ways (same `statistic` over runs, median or min):
+
+    * `trace_minus_plain`: recorded minus plain-before-any-recorder (the simple difference);
+    * `recording_overhead`: the callbacks' own cost (plain with them on minus plain before, at least 0)
+      plus the median over rounds of (recorded minus plain-with-callbacks-on) of the same round: each
+      round runs both back to back, so a machine whose speed drifts between rounds (the H200 hosts swing
+      by 30-50% over a minute) moves both alike. This is the figure the goal is judged on.
+    """
+    plain = statistic(samples["plain_us_per_op"])
+    plain_on = statistic(samples["plain_callbacks_on_us_per_op"])
+    rounds = zip(samples["trace_us_per_op"], samples["plain_callbacks_on_us_per_op"], strict=True)
+    paired = statistics.median(traced - plain_round for traced, plain_round in rounds)
+    return {
+        "trace_minus_plain_us_per_op": statistic(samples["trace_us_per_op"]) - plain,
+        "snapshots_minus_plain_us_per_op": statistic(samples["trace_with_snapshots_us_per_op"]) - plain,
+        "callbacks_on_minus_plain_us_per_op": plain_on - plain,
+        "recording_overhead_us_per_op": max(plain_on - plain, 0.0) + paired,
+    }
 
 
 def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float]]:
-    """`recording_cost`'s samples: µs per op of each of `runs` runs of each figure."""
+    """`recording_cost`'s samples: µs per op of each of `runs` runs of each figure.
+
+    Plain runs first, before any recorder: on the GPU the first recorder turns torch's GPU-trace callbacks
+    on for the rest of the process. A discarded recorded run then warms the recorder's per-op caches (op
+    schemas, source lines) and turns the callbacks on. Then `runs` rounds, each: plain (callbacks on),
+    recorded, recorded with snapshots. A full garbage collection before every timed run keeps one left
+    over by an earlier run out of the timed window.
+    """
+    import gc
+
     from racefuzz.trace.capture import recording
     from racefuzz.trace.env import TraceEnv
 
-    def timed(make: Any) -> list[float]:
-        samples = []
-        for _ in range(runs):
-            recorder = make()
-            if recorder is None:
-                env = _plain_env(device)
-                start = time.perf_counter()
+    def timed(make: Any) -> float:
+        gc.collect()
+        recorder = make()
+        if recorder is None:
+            env = _plain_env(device)
+            start = time.perf_counter()
+            micro_step(env, ops)
+        else:
+            env = TraceEnv(recorder, device)
+            start = time.perf_counter()
+            with recording(recorder):
                 micro_step(env, ops)
-            else:
-                env = TraceEnv(recorder, device)
-                start = time.perf_counter()
-                with recording(recorder):
-                    micro_step(env, ops)
-            samples.append((time.perf_counter() - start) / ops * 1e6)
-        return samples
+        return (time.perf_counter() - start) / ops * 1e6
 
-    # Unrecorded first, as before: on the GPU the first recorder turns torch's GPU-trace callbacks on for
-    # the rest of the process, and the unrecorded figure is taken without them. The discarded recorded
-    # run then warms the recorder's per-op caches (op schemas, source lines).
-    plain = timed(lambda: None)
+    samples: dict[str, list[float]] = {
+        "plain_us_per_op": [timed(lambda: None) for _ in range(runs)],
+        "plain_callbacks_on_us_per_op": [],
+        "trace_us_per_op": [],
+        "trace_with_snapshots_us_per_op": [],
+    }
     timed(lambda: Recorder(device, snapshot_plan={}))
-    traced = timed(lambda: Recorder(device, snapshot_plan={}))
-    full = timed(lambda: Recorder(device))
-    return {"plain_us_per_op": plain, "trace_us_per_op": traced, "trace_with_snapshots_us_per_op": full}
+    for _ in range(runs):
+        samples["plain_callbacks_on_us_per_op"].append(timed(lambda: None))
+        samples["trace_us_per_op"].append(timed(lambda: Recorder(device, snapshot_plan={})))
+        samples["trace_with_snapshots_us_per_op"].append(timed(lambda: Recorder(device)))
+    return samples
 
 
 def micro_main(device: str, ops: int, runs: int, profile: bool) -> int:
-    """Print the `RECORDING micro` line on `device` (medians, as `proof` does), the recording overhead
-    (traced minus plain), and the same from the fastest run of each (less sensitive to a busy machine)."""
+    """Print the `RECORDING micro` line on `device` (medians, as `proof` does) and its overheads
+    (`_overheads`), and the same from the fastest run of each (`FASTEST`)."""
     if profile:
         import cProfile
         import pstats
@@ -152,11 +186,7 @@ def micro_main(device: str, ops: int, runs: int, profile: bool) -> int:
     for label, statistic in (("RECORDING", statistics.median), ("FASTEST", min)):
         figures = {k: statistic(v) for k, v in samples.items()}
         print(f"{label} micro device={device} ops={ops} runs={runs} " + _figures(figures))
-        plain = figures["plain_us_per_op"]
-        print(
-            f"{label}-OVERHEAD trace_minus_plain_us_per_op={figures['trace_us_per_op'] - plain:.2f} "
-            f"snapshots_minus_plain_us_per_op={figures['trace_with_snapshots_us_per_op'] - plain:.2f}"
-        )
+        print(f"{label}-OVERHEAD " + _figures(_overheads(samples, statistic)))
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,7 +199,9 @@ class Recorder:
         self._warned: set[str] = set()
         from racefuzz.trace.env import VirtualStream
 
-        self.virtual_current = VirtualStream(self, "default")
+        # A proxy, not the recorder itself: no reference cycle, so a finished run's trace is freed when its
+        # last user lets go of it instead of waiting (with every other run's) for a full collection.
+        self.virtual_current = VirtualStream(weakref.proxy(self), "default")
 
     # --- names -------------------------------------------------------------------------------------
 

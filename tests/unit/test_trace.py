@@ -4,6 +4,7 @@ without a schema through annotations, the value oracle, the delay search, the re
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -524,9 +525,29 @@ def test_source_lines_are_exact_per_call_site_and_recording_leaves_the_gc_as_it_
 def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead(capsys):
     from racefuzz.trace.proof import main, recording_cost
 
-    figures = recording_cost(ops=20, runs=1, device="cpu")
-    assert set(figures) == {"plain_us_per_op", "trace_us_per_op", "trace_with_snapshots_us_per_op"}
+    figures = recording_cost(ops=20, runs=3, device="cpu")
+    measured = {"plain", "plain_callbacks_on", "trace", "trace_with_snapshots"}
+    derived = {"trace_minus_plain", "snapshots_minus_plain", "callbacks_on_minus_plain", "recording_overhead"}
+    assert set(figures) == {f"{name}_us_per_op" for name in measured | derived}
+    assert figures["trace_minus_plain_us_per_op"] == figures["trace_us_per_op"] - figures["plain_us_per_op"]
     assert main(["micro", "--device", "cpu", "--ops", "20", "--runs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("RECORDING micro device=cpu ops=20 runs=1 plain_us_per_op=")
     assert "RECORDING-OVERHEAD trace_minus_plain_us_per_op=" in out and "FASTEST micro device=cpu" in out
+    assert "recording_overhead_us_per_op=" in out
+
+
+def test_the_recording_overhead_pairs_each_round_and_never_credits_the_callbacks():
+    from racefuzz.trace.proof import _overheads
+
+    samples = {  # a machine that slows down by 10 us/op between the rounds
+        "plain_us_per_op": [20.0, 20.0, 20.0],
+        "plain_callbacks_on_us_per_op": [18.0, 28.0, 38.0],
+        "trace_us_per_op": [30.0, 40.0, 50.0],
+        "trace_with_snapshots_us_per_op": [60.0, 70.0, 80.0],
+    }
+    figures = _overheads(samples, statistics.median)
+    assert figures["recording_overhead_us_per_op"] == 8.0 + 12.0  # callbacks 28-20, then 12 per round
+    assert figures["trace_minus_plain_us_per_op"] == 20.0
+    samples["plain_callbacks_on_us_per_op"] = [10.0, 12.0, 14.0]  # faster with callbacks on: no credit
+    assert _overheads(samples, statistics.median)["recording_overhead_us_per_op"] == 28.0
