@@ -180,7 +180,8 @@ def replay_trace(path: Path, device_choice: str, repeat: int) -> ExitCode:
             else "no happens-before race"
         )
         return ExitCode.CLEAN
-    found = [judge_run(reference, run_with_delays(step, device, reference, delays), ordinals) for _ in range(repeat)]
+    runs = (run_with_delays(step, device, reference, delays, ordinals) for _ in range(repeat))
+    found = [judge_run(reference, run, ordinals) for run in runs]
     hits = [d for d in found if d is not None]
     print(f"reproduced in {len(hits)}/{repeat} run(s)" + (f": {hits[0]}" if hits else ""))
     return ExitCode.RACE if hits else ExitCode.CLEAN

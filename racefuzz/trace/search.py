@@ -163,17 +163,24 @@ _AUTO_NAME = re.compile(r"tmp\d+ \(")
 
 
 def run_with_delays(
-    step: Step, device: str, reference: RunRecord, delays: Sequence[DelayPoint]
+    step: Step, device: str, reference: RunRecord, delays: Sequence[DelayPoint], ordinals: set[int] | None = None
 ) -> RunRecord | BaseException:
-    """A fuzzed run of `step` with `delays`, snapshotting what the reference run snapshotted; an exception
-    the step raised is returned (a manifestation)."""
+    """A fuzzed run of `step` with `delays`, snapshotting what the reference run snapshotted after the
+    launches in `ordinals` (None: after every launch); an exception the step raised is returned (a
+    manifestation).
+
+    `ordinals` is `watched_ordinals`: the value oracle compares only those launches' stores, so a snapshot
+    after any other launch (a model's 16 MB matmul output, say) would be copied to the host and dropped."""
+    plan = reference.snapshots
+    if ordinals is not None:
+        plan = {ordinal: snaps for ordinal, snaps in plan.items() if ordinal in ordinals}
     try:
         return run_once(
             step,
             device,
             evaluate_annotations=False,
             delays={(s, n): us for s, n, us in delays},
-            snapshot_plan=reference.snapshots,
+            snapshot_plan=plan,
         )
     except Exception as exc:  # the user's code failed under a schedule: reported, not raised
         return exc
@@ -275,7 +282,7 @@ def fuzz(
         return result
 
     def attempt(delays: list[DelayPoint]) -> Divergence | None:
-        return judge_run(reference, run_with_delays(step, device, reference, delays), ordinals)
+        return judge_run(reference, run_with_delays(step, device, reference, delays, ordinals), ordinals)
 
     started = time.perf_counter()
     delays, divergence, ran = search_delays(

@@ -279,6 +279,26 @@ def test_watch_selects_the_launches_that_touch_the_watched_tensors():
     assert launch_points(reference)[:2] == [("default", 0), ("forward", 0)]
 
 
+def test_a_fuzzed_run_snapshots_only_after_the_watched_launches():
+    from racefuzz.trace.search import judge_run, run_with_delays, watched_ordinals
+
+    def step(env):
+        table = env.name(torch.zeros(16, dtype=torch.int32), "table")
+        model = torch.zeros(64)  # a tensor nobody watches, written twice
+        with env.use(env.stream("s")):
+            model.add_(1)
+            table.fill_(3)
+        return {"table": table}
+
+    reference = run_once(step, "cpu", serialize=True)
+    chosen = watched_ordinals(reference, ["table"])
+    assert chosen == {0, 3} and set(reference.snapshots) == {0, 1, 2, 3}
+    watched_run = run_with_delays(step, "cpu", reference, [], chosen)
+    assert set(watched_run.snapshots) == chosen
+    assert set(run_with_delays(step, "cpu", reference, []).snapshots) == {0, 1, 2, 3}
+    assert judge_run(reference, watched_run, chosen) is None
+
+
 def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_it(annotated):
     def explode(**_):
         raise AssertionError("a run_kernels=False recorder must not run the kernel")
