@@ -14,7 +14,9 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
     exit 2
 fi
 # Install racefuzz without touching the CUDA build of torch that is already there.
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps -e . || export PYTHONPATH="$PWD"
+# Offline, the editable install cannot fetch its build backend: the source tree goes first on PYTHONPATH
+# instead, ahead of whatever the caller put there (an sglang installed with --target, say).
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps -e . || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi -L
 # -p loads the plugin from the source tree when the install above could not run (no build backend offline).

@@ -65,7 +65,7 @@ def _torch_mode_class() -> type:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             prior = _set_eval_frame(None)
             try:
-                return self._record(func, args, {} if kwargs is None else kwargs)
+                return self._record(func, args, _NO_KWARGS if kwargs is None else kwargs)
             finally:
                 _set_eval_frame(prior)
 
@@ -112,6 +112,8 @@ def _torch_mode_class() -> type:
                         if (not on_gpu or t.is_cuda or t.is_pinned()) and t.untyped_storage().data_ptr() not in inputs
                     ]
 
+            if fresh is None and not info.syncs_host and not info.maybe_d2h:
+                return recorder.launch_op(info.label, func, args, kwargs, reads, writes)
             out = recorder.launch(info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh)
             if info.syncs_host or (info.maybe_d2h and on_gpu and _is_blocking_d2h(info.name, args, kwargs, out)):
                 recorder.on_stream_sync(recorder.current_stream())
@@ -148,6 +150,8 @@ class _OpInfo(NamedTuple):
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
+_NO_KWARGS: dict[str, Any] = {}
+"""The kwargs of a call that has none (shared: never written to)."""
 
 
 def _may_hold_tensors(schema_type: Any) -> bool:

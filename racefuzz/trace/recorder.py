@@ -187,6 +187,7 @@ class Recorder:
             import torch
 
             self.device_index = torch.cuda.current_device()
+            _current_raw_stream(self.device_index)  # sets `_raw_stream`, which `launch_op` calls directly
         self._event_names: dict[int, str] = {}
         self._events = 0
         self._launches_on: dict[str, int] = {}
@@ -326,14 +327,8 @@ class Recorder:
             if stream not in self._seen_streams:
                 self._stream(stream)
         record = self.record
-        launches_on = self._launches_on
-        nth = launches_on.get(stream, 0)
-        launches_on[stream] = nth + 1
         if self.delays:
-            spin = self.delays.get((stream, nth))
-            if spin:
-                self._spin(spin)
-                record.delays_applied.append((stream, nth, spin))
+            self._delay(stream)
         source = user_source(3)
         if kind == "torch":
             result = call()
@@ -360,6 +355,47 @@ class Recorder:
         if self._snapshots_or_syncs:
             self._after(ordinal, writes)
         return result
+
+    def launch_op(
+        self, kernel: str, func: Any, args: tuple, kwargs: dict, reads: list[Any], writes: list[tuple[object, Any]]
+    ) -> Any:
+        """`launch` of a torch op `func(*args, **kwargs)` that returns no fresh tensors (an in-place or
+        `out=` op: every write is an argument), recorded exactly as `launch` records it: the hot path."""
+        if self.on_gpu:
+            stream = self._stream_names.get(_raw_stream(self.device_index))  # type: ignore[misc]
+            if stream is None or stream not in self._seen_streams:
+                stream = self.current_stream()
+        else:
+            stream = self.virtual_current.name
+            if stream not in self._seen_streams:
+                self._stream(stream)
+        if self.delays:
+            self._delay(stream)
+        source = user_source(3)
+        result = func(*args, **kwargs)
+        record = self.record
+        ordinal = len(record.launch_ops)
+        ops = record.trace.ops
+        index = len(ops)
+        if len(writes) == 1:
+            written = self._access(writes[0][1], kernel)
+        else:
+            written = self._accesses([view for _, view in writes], kernel)
+        read = self._access(reads[0], kernel) if len(reads) == 1 else self._accesses(reads, kernel)
+        ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, "torch", read, written, source, False)))
+        record.launch_ops.append(index)
+        if self._snapshots_or_syncs:
+            self._after(ordinal, writes)
+        return result
+
+    def _delay(self, stream: str) -> None:
+        """Count this launch on `stream` and spin before it if a delay is planned at that point."""
+        nth = self._launches_on.get(stream, 0)
+        self._launches_on[stream] = nth + 1
+        spin = self.delays.get((stream, nth))
+        if spin:
+            self._spin(spin)
+            self.record.delays_applied.append((stream, nth, spin))
 
     def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
         if not self.snapshot_plan and self.snapshot_plan is not None and not self.serialize:
