@@ -49,14 +49,23 @@ def _plain_env(device: str = "cuda") -> Any:
     return TraceEnv(Recorder(device), device)
 
 
-def _time_recorded(step: Any, runs: int) -> float:
-    """Median wall time of `step` recorded as a trace (no snapshots, no serialization), in microseconds."""
-    times = []
-    for _ in range(runs + 1):
+def _step_cost(step: Any, rounds: int) -> tuple[float, float, float]:
+    """(median µs of `step` unrecorded, median recorded as a trace, median over rounds of recorded minus
+    unrecorded): each round runs both back to back, after 10 untimed rounds (a drifting machine moves both
+    alike; `_overheads` says why)."""
+    env = _plain_env()
+    plain, traced = [], []
+    for i in range(rounds + 10):
         start = time.perf_counter()
+        step(env)
+        middle = time.perf_counter()
         run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e6
+        end = time.perf_counter()
+        if i >= 10:
+            plain.append((middle - start) * 1e6)
+            traced.append((end - middle) * 1e6)
+    paired = statistics.median(t - p for t, p in zip(traced, plain, strict=True))
+    return statistics.median(plain), statistics.median(traced), paired
 
 
 def _time_step(step: Any, runs: int) -> float:
@@ -212,25 +221,41 @@ def csan_main(design: str) -> int:
     step = steps[design] if design in steps else sglang_overlap.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
     plain = _micro_us(ops=2000)
+    plain_step = _time_step(step, 30)
     csan.enable_cuda_sanitizer()
     try:
         step(_plain_env())
         torch.cuda.synchronize()
         print(f"CSAN {design}: no error reported")
+        reported = False
     except Exception as exc:  # CSAN raises CUDASanitizerErrors
         text = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("  File")]
         print(f"CSAN {design}: {type(exc).__name__}: " + " | ".join(text[:16]))
+        reported = True
     torch.cuda.synchronize()
     print(f"CSAN micro {design}: plain {plain:.1f} us/op, CSAN {_micro_us(ops=2000):.1f} us/op")
+    if not reported:  # a step CSAN raises on cannot be timed under it
+        # The same step's cost under CSAN, per launch, beside the `COST` lines' recording cost per launch
+        # (the launches counted by racefuzz's recorder, after the timing: its callbacks would add to CSAN's).
+        under_csan = _time_step(step, 30)
+        launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
+        print(
+            f"CSAN COST design={design} step_median_us={plain_step:.1f} csan_step_median_us={under_csan:.1f} "
+            f"launches={launches} csan_us_per_launch={(under_csan - plain_step) / launches:.1f}"
+        )
     return 0
 
 
-def _micro_us(ops: int) -> float:
+def _micro_us(ops: int, runs: int = 5) -> float:
+    """Median µs per op of `runs` runs of the micro workload, unrecorded (CSAN's figure: whatever is on)."""
     env = _plain_env()
     micro_step(env, 200)
-    start = time.perf_counter()
-    micro_step(env, ops)
-    return (time.perf_counter() - start) / ops * 1e6
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        micro_step(env, ops)
+        samples.append((time.perf_counter() - start) / ops * 1e6)
+    return statistics.median(samples)
 
 
 def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: list[str]) -> int:
@@ -257,12 +282,13 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
             print(f"CONTROL none caught by hb and manifested: {control_caught}")
     for design in sglang_overlap.DESIGNS if cost else ():
         step = sglang_overlap.step_for(design)
-        plain = _time_step(step, 30)
-        traced = _time_recorded(step, 30)
-        launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
+        plain, traced, paired = _step_cost(step, 100)
+        record = run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
+        launches = len(record.launch_ops)
         print(
             f"COST design={design} step_median_us={plain:.1f} recorded_step_median_us={traced:.1f} "
-            f"launches={launches} recording_us_per_launch={(traced - plain) / launches:.1f}"
+            f"launches={launches} recording_us_per_launch={paired / launches:.1f} "
+            f"recorded_events={len(record.trace.ops)} recording_us_per_event={paired / len(record.trace.ops):.1f}"
         )
     from racefuzz.trace import example
 
