@@ -10,6 +10,7 @@ import contextlib
 import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
+from threading import get_ident
 from typing import Any, NamedTuple
 
 from racefuzz.trace.model import HOST
@@ -291,7 +292,9 @@ def _patch_wait_stream() -> None:
     it: the same two CUDA calls (`cudaEventRecord`, `cudaStreamWaitEvent`), the same record and wait
     callbacks (so the trace is unchanged: a wait refers to the event's latest record), without the rest.
     Re-recording the event later cannot affect this wait: CUDA captures the event's state at the wait.
-    Outside recording, or for a stream on another device than the recorder's, torch's own runs.
+    Only the thread that entered `recording` uses the event (another thread could re-record it between
+    this thread's record and wait: the wait would then be on the wrong work); other threads, and streams
+    on another device than the recorder's, get torch's own, as does everything outside recording.
     """
     global _WAIT_STREAM_PATCHED
     if _WAIT_STREAM_PATCHED:
@@ -307,6 +310,7 @@ def _patch_wait_stream() -> None:
         if (
             recorder is None
             or not recorder.on_gpu
+            or recorder.thread != get_ident()
             or self.device_index != recorder.device_index
             or stream.device_index != recorder.device_index
         ):
@@ -317,8 +321,7 @@ def _patch_wait_stream() -> None:
         record(event, stream)
         wait(event, self)
 
-    wait_stream.__doc__ = original.__doc__
-    torch.cuda.Stream.wait_stream = wait_stream
+    torch.cuda.Stream.wait_stream = functools.wraps(original)(wait_stream)
     _WAIT_STREAM_PATCHED = True
 
 
@@ -370,6 +373,7 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     freeze = gc.isenabled() and gc.get_freeze_count() == 0
     if freeze:
         gc.freeze()
+    recorder.thread = get_ident()
     _ACTIVE.append(recorder)
     try:
         with mode:

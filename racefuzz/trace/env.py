@@ -24,20 +24,35 @@ class VirtualStream:
         self._recorder = recorder
         self.name = name
 
+    @property
+    def recorder(self) -> Recorder:
+        """The run's recorder; a UserCodeError if this is the default stream of a run that has ended (it
+        holds its recorder weakly: a step that kept `env.current_stream()` and uses it in a later run)."""
+        try:
+            self._recorder.paused  # noqa: B018 - touches the weak proxy
+        except ReferenceError:
+            from racefuzz.errors import UserCodeError
+
+            raise UserCodeError(
+                f"stream {self.name!r} belongs to a run that has ended: take streams and events from this "
+                "run's env (env.current_stream(), env.stream(name), env.event()), not from an earlier one"
+            ) from None
+        return self._recorder
+
     def wait_stream(self, other: VirtualStream) -> None:
         """As torch's: `self.wait_event(other.record_event())`."""
         self.wait_event(other.record_event())
 
     def record_event(self, event: VirtualEvent | None = None) -> VirtualEvent:
-        event = event or VirtualEvent(self._recorder)
+        event = event or VirtualEvent(self.recorder)
         event.record(self)
         return event
 
     def wait_event(self, event: VirtualEvent) -> None:
-        self._recorder.on_wait(event.name, self.name)
+        self.recorder.on_wait(event.name, self.name)
 
     def synchronize(self) -> None:
-        self._recorder.on_stream_sync(self.name)
+        self.recorder.on_stream_sync(self.name)
 
     def __repr__(self) -> str:
         return f"VirtualStream({self.name!r})"

@@ -183,6 +183,8 @@ class Recorder:
         self.device_index = 0
         self.wait_stream_event: Any = None
         """The event `stream.wait_stream(other)` records and waits on while this recorder is active (GPU)."""
+        self.thread: int | None = None
+        """The thread that entered `recording` with this recorder (`threading.get_ident()`)."""
         if self.on_gpu:
             import torch
 

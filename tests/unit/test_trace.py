@@ -299,6 +299,25 @@ def test_a_fuzzed_run_snapshots_only_after_the_watched_launches():
     assert judge_run(reference, watched_run, chosen) is None
 
 
+def test_a_default_stream_kept_from_an_earlier_run_is_a_user_code_error_saying_so():
+    import gc
+
+    from racefuzz.errors import UserCodeError
+
+    kept = []
+
+    def first(env):
+        kept.append(env.current_stream())
+
+    def second(env):
+        kept[0].wait_stream(env.stream("s"))
+
+    run_once(first, "cpu")
+    gc.collect()
+    with pytest.raises(UserCodeError, match="belongs to a run that has ended"):
+        run_once(second, "cpu")
+
+
 def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_it(annotated):
     def explode(**_):
         raise AssertionError("a run_kernels=False recorder must not run the kernel")
