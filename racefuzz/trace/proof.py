@@ -120,18 +120,6 @@ def _fresh(*arguments: str) -> None:
         print(f"{' '.join(arguments)} process failed: {out.stderr.strip()[-2000:]}")
 
 
-def _time_step(step: Any, runs: int) -> float:
-    """Median wall time of `step` (it ends with a device sync), in microseconds, unrecorded."""
-    env = _plain_env()
-    step(env)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        step(env)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
-
-
 def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
     """`ops` small torch ops alternating between two streams with waits: the recording-cost workload."""
     import torch
@@ -273,28 +261,16 @@ def csan_main(design: str) -> int:
     step = steps[design] if design in steps else sglang_overlap.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
     plain = _micro_us(ops=2000)
-    plain_step = _time_step(step, 30)
     csan.enable_cuda_sanitizer()
     try:
         step(_plain_env())
         torch.cuda.synchronize()
         print(f"CSAN {design}: no error reported")
-        reported = False
     except Exception as exc:  # CSAN raises CUDASanitizerErrors
         text = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("  File")]
         print(f"CSAN {design}: {type(exc).__name__}: " + " | ".join(text[:16]))
-        reported = True
     torch.cuda.synchronize()
     print(f"CSAN micro {design}: plain {plain:.1f} us/op, CSAN {_micro_us(ops=2000):.1f} us/op")
-    if not reported:  # a step CSAN raises on cannot be timed under it
-        # The same step's cost under CSAN, per launch, beside the `COST` lines' recording cost per launch
-        # (the launches counted by racefuzz's recorder, after the timing: its callbacks would add to CSAN's).
-        under_csan = _time_step(step, 30)
-        launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
-        print(
-            f"CSAN COST design={design} step_median_us={plain_step:.1f} csan_step_median_us={under_csan:.1f} "
-            f"launches={launches} csan_us_per_launch={(under_csan - plain_step) / launches:.1f}"
-        )
     return 0
 
 
