@@ -28,16 +28,7 @@ class VirtualStream:
     def recorder(self) -> Recorder:
         """The run's recorder; a UserCodeError if this is the default stream of a run that has ended (it
         holds its recorder weakly: a step that kept `env.current_stream()` and uses it in a later run)."""
-        try:
-            self._recorder.paused  # noqa: B018 - touches the weak proxy
-        except ReferenceError:
-            from racefuzz.errors import UserCodeError
-
-            raise UserCodeError(
-                f"stream {self.name!r} belongs to a run that has ended: take streams and events from this "
-                "run's env (env.current_stream(), env.stream(name), env.event()), not from an earlier one"
-            ) from None
-        return self._recorder
+        return _live(self._recorder, f"stream {self.name!r}")
 
     def wait_stream(self, other: VirtualStream) -> None:
         """As torch's: `self.wait_event(other.record_event())`."""
@@ -65,14 +56,34 @@ class VirtualEvent:
         self._recorder = recorder
         self.name = recorder.new_event_name()
 
+    @property
+    def recorder(self) -> Recorder:
+        """The run's recorder; a UserCodeError if the event was made by an ended run's default stream."""
+        return _live(self._recorder, f"event {self.name!r}")
+
     def record(self, stream: VirtualStream | None = None) -> None:
-        self._recorder.on_record(self.name, (stream or self._recorder.virtual_current).name)
+        recorder = self.recorder
+        recorder.on_record(self.name, (stream or recorder.virtual_current).name)
 
     def wait(self, stream: VirtualStream | None = None) -> None:
-        (stream or self._recorder.virtual_current).wait_event(self)
+        (stream or self.recorder.virtual_current).wait_event(self)
 
     def synchronize(self) -> None:
-        self._recorder.on_event_sync(self.name)
+        self.recorder.on_event_sync(self.name)
+
+
+def _live(recorder: Recorder, what: str) -> Recorder:
+    """`recorder`, or a UserCodeError naming `what` if it is the weak proxy of a recorder that is gone."""
+    try:
+        recorder.paused  # noqa: B018 - touches a weak proxy
+    except ReferenceError:
+        from racefuzz.errors import UserCodeError
+
+        raise UserCodeError(
+            f"{what} belongs to a run that has ended: take streams and events from this run's env "
+            "(env.current_stream(), env.stream(name), env.event()), not from an earlier one"
+        ) from None
+    return recorder
 
 
 class TraceEnv:

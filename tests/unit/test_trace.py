@@ -308,14 +308,20 @@ def test_a_default_stream_kept_from_an_earlier_run_is_a_user_code_error_saying_s
 
     def first(env):
         kept.append(env.current_stream())
+        kept.append(env.current_stream().record_event())
 
     def second(env):
         kept[0].wait_stream(env.stream("s"))
 
+    def third(env):
+        kept[1].record()
+
     run_once(first, "cpu")
     gc.collect()
-    with pytest.raises(UserCodeError, match="belongs to a run that has ended"):
+    with pytest.raises(UserCodeError, match="stream 'default' belongs to a run that has ended"):
         run_once(second, "cpu")
+    with pytest.raises(UserCodeError, match="event 'event#1' belongs to a run that has ended"):
+        run_once(third, "cpu")
 
 
 def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_it(annotated):
