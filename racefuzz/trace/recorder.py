@@ -189,7 +189,6 @@ class Recorder:
             import torch
 
             self.device_index = torch.cuda.current_device()
-            _current_raw_stream(self.device_index)  # sets `_raw_stream`, which `launch_op` calls directly
         self._event_names: dict[int, str] = {}
         self._events = 0
         self._launches_on: dict[str, int] = {}
@@ -322,13 +321,7 @@ class Recorder:
         launch: an argument name or position); `outputs(result)` gives the fresh tensors the call returned,
         written too, with their slots.
         """
-        if self.on_gpu:
-            stream = self.current_stream()
-        else:
-            stream = self.virtual_current.name
-            if stream not in self._seen_streams:
-                self._stream(stream)
-        record = self.record
+        stream = self.current_stream()
         if self.delays:
             self._delay(stream)
         source = user_source(3)
@@ -344,6 +337,35 @@ class Recorder:
                 self.opaque -= 1
         if outputs is not None:
             writes = writes + outputs(result)
+        self._append_launch(stream, kernel, kind, reads, writes, source, assumed)
+        return result
+
+    def launch_op(
+        self, kernel: str, func: Any, args: tuple, kwargs: dict, reads: list[Any], writes: list[tuple[object, Any]]
+    ) -> Any:
+        """`launch` of a torch op `func(*args, **kwargs)` that returns no fresh tensors (an in-place or
+        `out=` op: every write is an argument), recorded exactly as `launch` records it: the hot path."""
+        stream = self.current_stream()
+        if self.delays:
+            self._delay(stream)
+        source = user_source(3)
+        result = func(*args, **kwargs)
+        self._append_launch(stream, kernel, "torch", reads, writes, source, False)
+        return result
+
+    def _append_launch(
+        self,
+        stream: str,
+        kernel: str,
+        kind: str,
+        reads: list[Any],
+        writes: list[tuple[object, Any]],
+        source: str,
+        assumed: bool,
+    ) -> None:
+        """Append the `TraceLaunch` of a launch that has run (its accesses from the views now), then take
+        its snapshots."""
+        record = self.record
         ordinal = len(record.launch_ops)
         ops = record.trace.ops
         index = len(ops)
@@ -356,39 +378,6 @@ class Recorder:
         record.launch_ops.append(index)
         if self._snapshots_or_syncs:
             self._after(ordinal, writes)
-        return result
-
-    def launch_op(
-        self, kernel: str, func: Any, args: tuple, kwargs: dict, reads: list[Any], writes: list[tuple[object, Any]]
-    ) -> Any:
-        """`launch` of a torch op `func(*args, **kwargs)` that returns no fresh tensors (an in-place or
-        `out=` op: every write is an argument), recorded exactly as `launch` records it: the hot path."""
-        if self.on_gpu:
-            stream = self._stream_names.get(_raw_stream(self.device_index))  # type: ignore[misc]
-            if stream is None or stream not in self._seen_streams:
-                stream = self.current_stream()
-        else:
-            stream = self.virtual_current.name
-            if stream not in self._seen_streams:
-                self._stream(stream)
-        if self.delays:
-            self._delay(stream)
-        source = user_source(3)
-        result = func(*args, **kwargs)
-        record = self.record
-        ordinal = len(record.launch_ops)
-        ops = record.trace.ops
-        index = len(ops)
-        if len(writes) == 1:
-            written = self._access(writes[0][1], kernel)
-        else:
-            written = self._accesses([view for _, view in writes], kernel)
-        read = self._access(reads[0], kernel) if len(reads) == 1 else self._accesses(reads, kernel)
-        ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, "torch", read, written, source, False)))
-        record.launch_ops.append(index)
-        if self._snapshots_or_syncs:
-            self._after(ordinal, writes)
-        return result
 
     def _delay(self, stream: str) -> None:
         """Count this launch on `stream` and spin before it if a delay is planned at that point."""
