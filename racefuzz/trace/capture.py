@@ -1,4 +1,4 @@
-"""Installing the frontends of the recorder: torch's dispatch mode, its GPU-trace callbacks, Triton's launches.
+"""Installing the frontends of the recorder: torch's dispatch mode, torch.cuda's stream and event API, Triton.
 
 `recording(recorder)` is the one entry point: inside it every torch op, Triton launch, stream or event
 operation and allocation of the step reaches `recorder`. Imports torch (and Triton, if installed) lazily.
@@ -17,17 +17,36 @@ from racefuzz.trace.model import HOST
 from racefuzz.trace.recorder import Recorder
 
 _ACTIVE: list[Recorder] = []
-_CALLBACKS_INSTALLED = False
+_CUDA_API_PATCHED = False
 _TRITON_PATCHED = False
-_WAIT_STREAM_PATCHED = False
 
 _NOT_ACCESSES = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "record_stream", "set_", "resize_"}
 )
 """Ops that allocate or re-point memory without reading or writing its contents."""
 
-_HOST_SYNCING = frozenset({"_local_scalar_dense"})
-"""Ops after which the host has waited for the current stream (`.item()`, `.tolist()`)."""
+_HOST_SYNCING = frozenset(
+    {
+        "_local_scalar_dense",  # `.item()`, `.tolist()`
+        "nonzero",  # and what decomposes to it: `argwhere`, one-argument `where`
+        "masked_select",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "unique_dim_consecutive",
+    }
+)
+"""Ops after which the host has waited for the current stream (CUDA, non-empty input): torch's CUDA kernels
+read a count back (`at::cuda::memcpy_and_sync`) to size their output. Ops that sync only sometimes are left
+out: a sync racefuzz does not know of can only make it report more (a missing edge), one it wrongly
+assumed could hide a race."""
+
+_SYNCING_WITH_MASK = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
+"""Ops that sync the host like `nonzero` when an index is a boolean (or uint8) mask."""
+
+_ALLOCATING = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+"""`_NOT_ACCESSES` ops that return a fresh allocation (its stream is where the caching allocator may reuse it)."""
 
 
 def active() -> Recorder | None:
@@ -42,11 +61,12 @@ _set_eval_frame: Any = None
 
 @functools.cache
 def _torch_mode_class() -> type:
-    global _Tensor, _set_eval_frame
+    global _Tensor, _set_eval_frame, _MASK_DTYPES
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _Tensor = torch.Tensor
+    _MASK_DTYPES = frozenset({torch.bool, torch.uint8})
     _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
     class TraceMode(TorchDispatchMode):
@@ -76,7 +96,10 @@ def _torch_mode_class() -> type:
             if recorder.paused or recorder.opaque or info.not_access:
                 if info.name == "record_stream":
                     recorder.on_record_stream(args[0])
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if info.allocates and not recorder.paused and not recorder.opaque:
+                    recorder.allocated(out)
+                return out
             reads, writes = _schema_accesses(info, args, kwargs)
             outputs_written = info.fresh_outputs
             if not writes and not outputs_written:
@@ -107,16 +130,19 @@ def _torch_mode_class() -> type:
                 def fresh(out: Any) -> list[tuple[object, Any]]:
                     # An output on an input's storage is a view the schema does not declare (`_unsafe_view`).
                     inputs = {t.untyped_storage().data_ptr() for t in reads}
-                    return [
+                    made = [
                         (f"out{i}", t)
                         for i, t in enumerate(_tensors(out))
                         if (not on_gpu or t.is_cuda or t.is_pinned()) and t.untyped_storage().data_ptr() not in inputs
                     ]
+                    for _, t in made:
+                        recorder.allocated(t)
+                    return made
 
-            if fresh is None and not info.syncs_host and not info.maybe_d2h:
+            if fresh is None and info.sync is None:
                 return recorder.launch_op(info.label, func, args, kwargs, reads, writes)
             out = recorder.launch(info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh)
-            if info.syncs_host or (info.maybe_d2h and on_gpu and _is_blocking_d2h(info.name, args, kwargs, out)):
+            if info.sync is not None and info.sync(args, kwargs, out, on_gpu):
                 recorder.on_stream_sync(recorder.current_stream())
             return out
 
@@ -146,8 +172,8 @@ class _OpInfo(NamedTuple):
     arguments: tuple[tuple[int, str, bool, bool], ...]  # (position, name, keyword-only, written)
     fresh_outputs: bool  # returns new tensors (not views of its inputs)
     not_access: bool  # allocates or re-points memory only (`_NOT_ACCESSES`)
-    syncs_host: bool  # the host waits for the current stream after it (`_HOST_SYNCING`)
-    maybe_d2h: bool  # may be a blocking device-to-host copy (`_is_blocking_d2h`)
+    allocates: bool  # one of those that returns a fresh allocation (`_ALLOCATING`)
+    sync: Callable[[tuple, dict, Any, bool], bool] | None  # (args, kwargs, out, on_gpu) -> the host waited
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -170,15 +196,14 @@ def _op_info(func: Any) -> _OpInfo:
         if _may_hold_tensors(arg.type)
     )
     name = schema.name.split("::")[-1]
-    info = _OpInfo(
-        name,
-        str(func),
-        arguments,
-        _is_compute(func),
-        name in _NOT_ACCESSES,
-        name in _HOST_SYNCING,
-        name in ("_to_copy", "copy_"),
-    )
+    sync = None
+    if name in _HOST_SYNCING:
+        sync = _syncs_on_input
+    elif name in _SYNCING_WITH_MASK:
+        sync = _syncs_on_mask
+    elif name in ("_to_copy", "copy_"):
+        sync = _syncs_in_copy
+    info = _OpInfo(name, str(func), arguments, _is_compute(func), name in _NOT_ACCESSES, name in _ALLOCATING, sync)
     _OP_INFO[func] = info
     return info
 
@@ -209,120 +234,160 @@ def _schema_accesses(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[list[Any
     return reads, writes
 
 
-def _is_blocking_d2h(name: str, args: tuple, kwargs: dict, out: Any) -> bool:
-    """A copy from the GPU into ordinary (not pinned) host memory: the host waited for it."""
-    if name == "_to_copy":
-        return (
-            bool(_tensors(out))
-            and not _tensors(out)[0].is_cuda
-            and args[0].is_cuda
-            and not _tensors(out)[0].is_pinned()
-        )
-    if name == "copy_":
-        return not args[0].is_cuda and args[1].is_cuda and not args[0].is_pinned()
-    return False
+def _syncs_on_input(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
+    """A `_HOST_SYNCING` op: it synced iff its input was a non-empty device tensor (on the CPU, where CPU
+    tensors stand for device ones, any)."""
+    first = args[0] if args else None
+    return isinstance(first, _Tensor) and (first.is_cuda or not on_gpu) and first.numel() > 0
 
 
-def _install_gpu_callbacks() -> None:
-    """Register torch's GPU-trace callbacks once; they forward to the active recorder, if any."""
-    global _CALLBACKS_INSTALLED
-    if _CALLBACKS_INSTALLED:
+def _syncs_on_mask(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
+    """A `_SYNCING_WITH_MASK` op: it synced iff an index is a (non-empty, device) boolean or uint8 mask."""
+    indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+    return any(
+        isinstance(index, _Tensor)
+        and (index.is_cuda or not on_gpu)
+        and index.dtype in _MASK_DTYPES
+        and index.numel() > 0
+        for index in indices or ()
+    )
+
+
+def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
+    """`_to_copy` / `copy_` between the host and the GPU that the host waited for: any such copy without
+    `non_blocking=True` (torch's `memcpy_and_sync`), and one into ordinary (not pinned) host memory even with
+    it (CUDA completes a copy to pageable memory before returning). None on the CPU: no host/device copies."""
+    if not on_gpu:
+        return False
+    # `_to_copy` takes it keyword-only; `copy_(self, src, non_blocking)`
+    non_blocking = kwargs["non_blocking"] if "non_blocking" in kwargs else len(args) > 2 and bool(args[2])
+    if len(args) > 1 and isinstance(args[1], _Tensor):  # copy_(dst, src)
+        dst, src = args[0], args[1]
+    else:
+        made = _tensors(out)
+        if not made:
+            return False
+        dst, src = made[0], args[0]
+    if dst.is_cuda == src.is_cuda:
+        return False
+    return not non_blocking or (src.is_cuda and not dst.is_pinned())
+
+
+_MASK_DTYPES: frozenset[Any] = frozenset()
+"""`torch.bool`, `torch.uint8`: set when the mode class is made."""
+
+
+def _gpu_recorder() -> Recorder | None:
+    """The active recorder if it records a GPU run and is not paused (its own copies and spins)."""
+    recorder = _ACTIVE[-1] if _ACTIVE else None
+    return recorder if recorder is not None and recorder.on_gpu and not recorder.paused else None
+
+
+def _patch_cuda_api() -> None:
+    """Route the step's stream and event operations through the active recorder (patched once per process).
+
+    `torch.cuda.Event.record` / `.wait` / `.synchronize` / `.query`, `torch.cuda.Stream.synchronize` /
+    `.wait_stream` and `torch.cuda.synchronize` run torch's own C calls, then report to the active GPU
+    recorder (`wait_event` and `record_event` reach it through `Event.wait` / `Event.record`); outside a
+    recording they only add one check. Not torch's GPU-trace callbacks: once activated those stay on for the
+    process (torch has no way to turn them off) and call into Python for every allocation, free, event
+    creation, record, wait and sync of every later test, recorded or not: 2 us each on the H200 host
+    (`docs/results/trace-recording-breakdown-h200-session6.txt`). Host syncs inside torch's C++ ops are
+    known from the op instead (`_HOST_SYNCING`, blocking copies), frees from the storages themselves
+    (`Recorder.allocated`).
+    """
+    global _CUDA_API_PATCHED
+    if _CUDA_API_PATCHED:
         return
     import torch
-    from torch.cuda import _gpu_trace as trace
 
-    # One closure per callback, each converting its own arguments: torch calls these for every event
-    # record and wait, sync, allocation and free of the process while tracing is on.
-    def gpu_recorder() -> Recorder | None:
-        recorder = _ACTIVE[-1] if _ACTIVE else None
-        return recorder if recorder is not None and recorder.on_gpu and not recorder.paused else None
+    event_base, stream_base = torch._C._CudaEventBase, torch._C._CudaStreamBase
+    record, wait = event_base.record, event_base.wait
+    event_synchronize, event_query = event_base.synchronize, event_base.query
+    stream_synchronize = stream_base.synchronize
+    device_synchronize = torch.cuda.synchronize
+    wait_stream = torch.cuda.Stream.wait_stream
+    current_stream = torch.cuda.current_stream
 
-    def on_record(event: int, stream: int) -> None:
-        recorder = gpu_recorder()
+    def event_record(self: Any, stream: Any = None) -> None:
+        if stream is None:
+            stream = current_stream()
+        record(self, stream)
+        recorder = _gpu_recorder()
         if recorder is not None:
-            recorder.on_record(recorder.event_name(event), recorder.stream_name(stream))
+            recorder.on_record(recorder.event_name(self.cuda_event), recorder.stream_name(stream.cuda_stream))
 
-    def on_wait(event: int, stream: int) -> None:
-        recorder = gpu_recorder()
+    def event_wait(self: Any, stream: Any = None) -> None:
+        if stream is None:
+            stream = current_stream()
+        wait(self, stream)
+        recorder = _gpu_recorder()
+        if recorder is not None and self.cuda_event:  # torch waits on no event before its first record
+            recorder.on_wait(recorder.event_name(self.cuda_event), recorder.stream_name(stream.cuda_stream))
+
+    def event_sync(self: Any) -> None:
+        event_synchronize(self)
+        recorder = _gpu_recorder()
+        if recorder is not None and self.cuda_event:
+            recorder.on_event_sync(recorder.event_name(self.cuda_event))
+
+    def event_done(self: Any) -> bool:
+        # A query that answers True is an event sync: the host knows the recorded work has finished.
+        done = event_query(self)
+        recorder = _gpu_recorder() if done else None
+        if recorder is not None and self.cuda_event:
+            recorder.on_event_sync(recorder.event_name(self.cuda_event))
+        return done
+
+    def stream_sync(self: Any) -> None:
+        stream_synchronize(self)
+        recorder = _gpu_recorder()
         if recorder is not None:
-            recorder.on_wait(recorder.event_name(event), recorder.stream_name(stream))
+            recorder.on_stream_sync(recorder.stream_name(self.cuda_stream))
 
-    def on_event_sync(event: int) -> None:
-        recorder = gpu_recorder()
-        if recorder is not None:
-            recorder.on_event_sync(recorder.event_name(event))
-
-    def on_stream_sync(stream: int) -> None:
-        recorder = gpu_recorder()
-        if recorder is not None:
-            recorder.on_stream_sync(recorder.stream_name(stream))
-
-    def on_device_sync() -> None:
-        recorder = gpu_recorder()
+    def synchronize(device: Any = None) -> None:
+        device_synchronize(device)
+        recorder = _gpu_recorder()
         if recorder is not None:
             recorder.on_device_sync()
 
-    def on_alloc(ptr: int) -> None:
-        recorder = gpu_recorder()
-        if recorder is not None:
-            recorder.on_alloc(ptr)
-
-    def on_free(ptr: int) -> None:
-        recorder = gpu_recorder()
-        if recorder is not None:
-            recorder.on_free(ptr)
-
-    trace.register_callback_for_event_record(on_record)
-    trace.register_callback_for_event_wait(on_wait)
-    trace.register_callback_for_event_synchronization(on_event_sync)
-    trace.register_callback_for_stream_synchronization(on_stream_sync)
-    trace.register_callback_for_device_synchronization(on_device_sync)
-    trace.register_callback_for_memory_allocation(on_alloc)
-    trace.register_callback_for_memory_deallocation(on_free)
-    torch._C._activate_gpu_trace()
-    _CALLBACKS_INSTALLED = True
-
-
-def _patch_wait_stream() -> None:
-    """Replace `torch.cuda.Stream.wait_stream` once: with a GPU recorder active, one reused event per recorder.
-
-    torch's `wait_stream` makes a new `torch.cuda.Event` per call (Python `__new__`, `record_event`,
-    `Event.record`, `wait_event`, `Event.wait`), and with GPU tracing on the event's creation and deletion
-    each call into Python too. This one records the recorder's event on `stream` and makes `self` wait on
-    it: the same two CUDA calls (`cudaEventRecord`, `cudaStreamWaitEvent`), the same record and wait
-    callbacks (so the trace is unchanged: a wait refers to the event's latest record), without the rest.
-    Re-recording the event later cannot affect this wait: CUDA captures the event's state at the wait.
-    Only the thread that entered `recording` uses the event (another thread could re-record it between
-    this thread's record and wait: the wait would then be on the wrong work); other threads, and streams
-    on another device than the recorder's, get torch's own, as does everything outside recording.
-    """
-    global _WAIT_STREAM_PATCHED
-    if _WAIT_STREAM_PATCHED:
-        return
-    import torch
-
-    original = torch.cuda.Stream.wait_stream
-    record = torch._C._CudaEventBase.record
-    wait = torch._C._CudaEventBase.wait
-
-    def wait_stream(self: Any, stream: Any) -> None:
-        recorder = _ACTIVE[-1] if _ACTIVE else None
+    def pooled_wait_stream(self: Any, stream: Any) -> None:
+        # torch's makes a new `torch.cuda.Event` per call (Python `__new__`, `record_event`, `Event.record`,
+        # `wait_event`, `Event.wait`); this one records the recorder's one event on `stream` and makes `self`
+        # wait on it: the same two CUDA calls, the same record and wait in the trace (a wait refers to the
+        # event's latest record). Re-recording the event later cannot affect this wait: CUDA captures the
+        # event's state at the wait. Only the thread that entered `recording` uses the event (another could
+        # re-record it between this thread's record and wait: the wait would then be on the wrong work);
+        # other threads, and streams on another device than the recorder's, get torch's own (which reaches
+        # the recorder through `Event.record` / `Event.wait`).
+        recorder = _gpu_recorder()
         if (
             recorder is None
-            or not recorder.on_gpu
             or recorder.thread != get_ident()
             or self.device_index != recorder.device_index
             or stream.device_index != recorder.device_index
         ):
-            return original(self, stream)
+            return wait_stream(self, stream)
         event = recorder.wait_stream_event
         if event is None:
             event = recorder.wait_stream_event = torch.cuda.Event()
         record(event, stream)
         wait(event, self)
+        name = recorder.event_name(event.cuda_event)
+        recorder.on_record(name, recorder.stream_name(stream.cuda_stream))
+        recorder.on_wait(name, recorder.stream_name(self.cuda_stream))
 
-    torch.cuda.Stream.wait_stream = functools.wraps(original)(wait_stream)
-    _WAIT_STREAM_PATCHED = True
+    for cls, name, replacement in (
+        (torch.cuda.Event, "record", event_record),
+        (torch.cuda.Event, "wait", event_wait),
+        (torch.cuda.Event, "synchronize", event_sync),
+        (torch.cuda.Event, "query", event_done),
+        (torch.cuda.Stream, "synchronize", stream_sync),
+        (torch.cuda.Stream, "wait_stream", pooled_wait_stream),
+    ):
+        setattr(cls, name, functools.wraps(getattr(cls, name))(replacement))
+    torch.cuda.synchronize = functools.wraps(device_synchronize)(synchronize)
+    _CUDA_API_PATCHED = True
 
 
 def _patch_triton() -> None:
@@ -360,8 +425,7 @@ def _patch_triton() -> None:
 def recording(recorder: Recorder) -> Iterator[Recorder]:
     """Every torch op, Triton launch, stream/event operation and allocation inside reaches `recorder`."""
     if recorder.on_gpu:
-        _install_gpu_callbacks()
-        _patch_wait_stream()
+        _patch_cuda_api()
     _patch_triton()
     mode = _torch_mode_class()(recorder)
     # The trace's ops and accesses are NamedTuples, which the cyclic GC keeps tracking (it stops tracking
@@ -374,12 +438,14 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     if freeze:
         gc.freeze()
     recorder.thread = get_ident()
+    recorder.active = True
     _ACTIVE.append(recorder)
     try:
         with mode:
             yield recorder
     finally:
         _ACTIVE.remove(recorder)
+        recorder.active = False
         if freeze:
             gc.unfreeze()
 

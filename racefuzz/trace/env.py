@@ -1,7 +1,7 @@
 """`TraceEnv`: what a traced step receives: its device, named streams and events, and names for tensors.
 
 On a GPU the streams and events are real `torch.cuda` ones (the step may as well create its own with
-torch's API: the recorder sees them through torch's GPU-trace callbacks and names them `stream#k`). On the
+torch's API: the recorder sees them through `torch.cuda`'s methods and names them `stream#k`). On the
 CPU, for CI without a GPU, they are `VirtualStream` / `VirtualEvent` objects with the same methods: work is
 executed eagerly, but every launch is recorded on the stream the step made current, and every record, wait
 and sync is recorded as it would be on a GPU. So the happens-before verdict of a step is the same on both.

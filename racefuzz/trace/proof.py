@@ -5,8 +5,9 @@ trace and the delay search's verdict (the control `none` first, then the others 
 each design's step, recording cost per op against PyTorch's CUDA sanitizer (CSAN) on the same ops, and
 what CSAN reports on each design's step (each CSAN run in its own process: CSAN cannot be turned off once
 enabled). The recording costs (`cost` per design, `micro`) run in fresh processes too: once a recorder
-has run, torch's GPU-trace callbacks stay on for the process, and an unrecorded baseline taken after that
-would leave their cost out. Prints everything; the raw output is committed under docs/results/.
+has run, racefuzz's `torch.cuda` patches (`racefuzz.trace.capture._patch_cuda_api`) stay installed for
+the process, and an unrecorded baseline taken after that would leave their cost to unrecorded code out.
+Prints everything; the raw output is committed under docs/results/.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def _plain_env(device: str = "cuda") -> Any:
 def _step_cost(step: Any, rounds: int) -> dict[str, float]:
     """The recording cost of `step` in µs, as `_overheads` measures the micro workload's: the step unrecorded
     `rounds` times before any recorder (the first run, untimed, compiles its kernels), then `rounds`
-    rounds after 10 untimed ones, each the step unrecorded (GPU-trace callbacks now on) and recorded as a
+    rounds after 10 untimed ones, each the step unrecorded (racefuzz's patches now installed) and recorded as a
     trace, back to back. Meant for a fresh process (`cost_main`): a recorder that ran before leaves the
-    callbacks on and the baseline would omit them."""
+    patches installed and the baseline would omit them."""
     env = _plain_env()
     step(env)
     before = []
@@ -76,15 +77,15 @@ def _step_cost(step: Any, rounds: int) -> dict[str, float]:
             traced.append((end - middle) * 1e6)
     samples = {
         "plain_us_per_op": before,
-        "plain_callbacks_on_us_per_op": plain,
+        "plain_installed_us_per_op": plain,
         "trace_us_per_op": traced,
     }
     overheads = _overheads(samples, statistics.median)
     return {
         "step_median_us": statistics.median(before),
-        "step_callbacks_on_median_us": statistics.median(plain),
+        "step_installed_median_us": statistics.median(plain),
         "recorded_step_median_us": statistics.median(traced),
-        "callbacks_us": overheads["callbacks_on_minus_plain_us_per_op"],
+        "installed_us": overheads["installed_minus_plain_us_per_op"],
         "recording_us": overheads["recording_overhead_us_per_op"],
     }
 
@@ -99,9 +100,9 @@ def cost_main(design: str, rounds: int) -> int:
     launches, events = len(record.launch_ops), len(record.trace.ops)
     print(
         f"COST design={design} step_median_us={figures['step_median_us']:.1f} "
-        f"step_callbacks_on_median_us={figures['step_callbacks_on_median_us']:.1f} "
+        f"step_installed_median_us={figures['step_installed_median_us']:.1f} "
         f"recorded_step_median_us={figures['recorded_step_median_us']:.1f} launches={launches} "
-        f"callbacks_us_per_step={figures['callbacks_us']:.1f} "
+        f"installed_us_per_step={figures['installed_us']:.1f} "
         f"recording_us_per_launch={figures['recording_us'] / launches:.1f} "
         f"recorded_events={events} recording_us_per_event={figures['recording_us'] / events:.1f}"
     )
@@ -109,7 +110,7 @@ def cost_main(design: str, rounds: int) -> int:
 
 
 def _fresh(*arguments: str) -> None:
-    """Run `python -m racefuzz.trace.proof ARGUMENTS` in a fresh process (torch's GPU-trace callbacks off
+    """Run `python -m racefuzz.trace.proof ARGUMENTS` in a fresh process (racefuzz's patches not installed
     until its own first recorder) and print its output."""
     out = subprocess.run(
         [sys.executable, "-m", "racefuzz.trace.proof", *arguments], capture_output=True, text=True, timeout=600
@@ -140,7 +141,7 @@ def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
 
 
 def recording_cost(ops: int = 2000, runs: int = 5, device: str = "cuda") -> dict[str, float]:
-    """µs per op (median of `runs`): plain before any recorder, plain after (torch's GPU-trace callbacks on),
+    """µs per op (median of `runs`): plain before any recorder, plain after (racefuzz's patches installed),
     recorded (trace only: no snapshots, no serialization), recorded as a reference run (a snapshot of every
     write); and the overheads `_overheads` derives from them. `device="cpu"`: CPU tensors through the
     dispatch mode with virtual streams (the unit tests' path), to profile the recorder where there is no GPU."""
@@ -152,19 +153,19 @@ def _overheads(samples: dict[str, list[float]], statistic: Any) -> dict[str, flo
     """The recording overhead per op, two ways (same `statistic` over runs, median or min):
 
     * `trace_minus_plain`: recorded minus plain-before-any-recorder (the simple difference);
-    * `recording_overhead`: the callbacks' own cost (plain with them on minus plain before, at least 0)
-      plus `statistic` over rounds of (recorded minus plain-with-callbacks-on) of the same round: each
+    * `recording_overhead`: what the installed patches cost unrecorded code (plain after minus plain
+      before, at least 0) plus `statistic` over rounds of (recorded minus plain-after) of the same round: each
       round runs both back to back, so a machine whose speed drifts between rounds (the H200 hosts swing
       by 30-50% over a minute) moves both alike. This is the figure the goal is judged on.
     """
     plain = statistic(samples["plain_us_per_op"])
-    plain_on = statistic(samples["plain_callbacks_on_us_per_op"])
-    rounds = zip(samples["trace_us_per_op"], samples["plain_callbacks_on_us_per_op"], strict=True)
+    plain_on = statistic(samples["plain_installed_us_per_op"])
+    rounds = zip(samples["trace_us_per_op"], samples["plain_installed_us_per_op"], strict=True)
     paired = statistic([traced - plain_round for traced, plain_round in rounds])
     figures = {"trace_minus_plain_us_per_op": statistic(samples["trace_us_per_op"]) - plain}
     if "trace_with_snapshots_us_per_op" in samples:  # the micro workload's; `_step_cost` has none
         figures["snapshots_minus_plain_us_per_op"] = statistic(samples["trace_with_snapshots_us_per_op"]) - plain
-    figures["callbacks_on_minus_plain_us_per_op"] = plain_on - plain
+    figures["installed_minus_plain_us_per_op"] = plain_on - plain
     figures["recording_overhead_us_per_op"] = max(plain_on - plain, 0.0) + paired
     return figures
 
@@ -172,9 +173,9 @@ def _overheads(samples: dict[str, list[float]], statistic: Any) -> dict[str, flo
 def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float]]:
     """`recording_cost`'s samples: µs per op of each of `runs` runs of each figure.
 
-    Plain runs first, before any recorder: on the GPU the first recorder turns torch's GPU-trace callbacks
-    on for the rest of the process. A discarded recorded run then warms the recorder's per-op caches (op
-    schemas, source lines) and turns the callbacks on. Then `runs` rounds, each: plain (callbacks on),
+    Plain runs first, before any recorder: on the GPU the first recorder installs racefuzz's `torch.cuda`
+    patches for the rest of the process. A discarded recorded run then warms the recorder's per-op caches
+    (op schemas, source lines) and installs them. Then `runs` rounds, each: plain (patches installed),
     recorded, recorded with snapshots. A full garbage collection before every timed run keeps one left
     over by an earlier run out of the timed window.
     """
@@ -199,13 +200,13 @@ def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float
 
     samples: dict[str, list[float]] = {
         "plain_us_per_op": [timed(lambda: None) for _ in range(runs)],
-        "plain_callbacks_on_us_per_op": [],
+        "plain_installed_us_per_op": [],
         "trace_us_per_op": [],
         "trace_with_snapshots_us_per_op": [],
     }
     timed(lambda: Recorder(device, snapshot_plan={}))
     for _ in range(runs):
-        samples["plain_callbacks_on_us_per_op"].append(timed(lambda: None))
+        samples["plain_installed_us_per_op"].append(timed(lambda: None))
         samples["trace_us_per_op"].append(timed(lambda: Recorder(device, snapshot_plan={})))
         samples["trace_with_snapshots_us_per_op"].append(timed(lambda: Recorder(device)))
     return samples

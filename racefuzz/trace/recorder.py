@@ -7,11 +7,15 @@ Frontends report to the active `Recorder`:
   are not accesses), the stream from the current stream;
 * Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
-* stream and event operations and host syncs through torch's GPU-trace callbacks (GPU), or the virtual
-  streams of `TraceEnv` (CPU); allocations and frees through the same callbacks (GPU): a freed block is a
-  new storage when reused, and the free itself is a write of the whole block on the stream it was
-  allocated on (the caching allocator may hand it to that stream's next allocation at once), so a use on
-  another stream not ordered before the free is a race.
+* stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
+  `torch.cuda.synchronize` (GPU, `racefuzz.trace.capture._patch_cuda_api`) and the ops that sync the host
+  (`.item()`, blocking copies, `nonzero`, ...), or the virtual streams of `TraceEnv` (CPU);
+* allocations: a storage a torch op returns while recording (`allocated`) is watched (a weak reference
+  with a callback) and its death is its free: a freed block is a new storage when reused, and the free
+  itself is a write of the whole block on the stream it was allocated on (the caching allocator may hand it
+  to that stream's next allocation at once), so a use on another stream not ordered before the free is a
+  race. (A storage's Python object lives exactly as long as the storage: torch preserves it while C++
+  holds the storage.)
 
 Every launch gets an ordinal (its position among launches). The same step run twice launches the same
 sequence, so an ordinal names "the same launch" in the serialized reference run and in a fuzzed run:
@@ -20,6 +24,7 @@ delay points are (stream, n-th launch on it) and value snapshots are keyed by or
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import weakref
@@ -154,6 +159,8 @@ class Recorder:
         run_kernels: False records Triton / CuPy / `launch_kernel` launches from their annotations without
             running them: the happens-before trace of GPU code on a machine that cannot run its kernels
             (values are then meaningless; torch ops still run).
+        watch_frees: record the frees of storages allocated while recording (default: on the GPU; a CPU
+            run keeps every storage it saw alive instead, so that no address is reused within the run).
     """
 
     def __init__(
@@ -165,6 +172,7 @@ class Recorder:
         delays: Mapping[tuple[str, int], float] | None = None,
         snapshot_plan: Mapping[int, list[Snapshot]] | None = None,
         run_kernels: bool = True,
+        watch_frees: bool | None = None,
     ) -> None:
         self.device = device
         self.run_kernels = run_kernels
@@ -195,6 +203,11 @@ class Recorder:
         self._keys: dict[tuple[int, int], int] = {}
         self._epochs: dict[int, int] = {}
         self._alloc_stream: dict[int, str] = {}
+        self._watched: dict[int, Any] = {}
+        """Storage address -> the weak reference whose callback records the storage's free."""
+        self.watch_frees = self.on_gpu if watch_frees is None else watch_frees
+        self.active = False
+        """Whether this recorder is recording now (set by `racefuzz.trace.capture.recording`)."""
         self._given_names: dict[int, str] = {}
         self._recorded_streams: set[int] = set()
         self._keep: list[Any] = []
@@ -264,9 +277,19 @@ class Recorder:
             name = self._given_names.get(ptr) or f"tmp{key} ({origin})"
             row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else 0
             self.record.trace.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes)
-            if not self.on_gpu:
-                self._keep.append(storage)  # a CPU address must not be reused within the run
+            if not self.watch_frees:
+                self._keep.append(storage)  # the address must not be reused within the run
+            elif ptr:
+                # Every storage seen is watched (one allocated before recording too): its death ends its
+                # epoch, so a block reused at the same address is never taken for the same storage.
+                self._watched[ptr] = weakref.ref(storage, functools.partial(_storage_freed, weakref.ref(self), ptr))
         return key
+
+    def allocated(self, tensor: Any) -> None:
+        """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`)."""
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr:
+            self._alloc_stream[ptr] = self.current_stream()
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
         if len(tensors) == 1:
@@ -480,19 +503,17 @@ class Recorder:
             ops = self.record.trace.ops
             ops.append(TraceDeviceSync(len(ops)))
 
-    def on_alloc(self, ptr: int) -> None:
-        if self.paused:
-            return
-        self._epochs[ptr] = self._epochs.get(ptr, 0) + 1
-        self._alloc_stream[ptr] = self.current_stream()
-
     def on_free(self, ptr: int) -> None:
-        """The caching allocator's free (see the module doc): a write of the whole block on its stream."""
-        if self.paused:
-            return
-        key = self._keys.get((ptr, self._epochs.get(ptr, 0)))
-        stream = self._alloc_stream.get(ptr)
-        if key is None or stream is None or ptr in self._recorded_streams:
+        """The storage at `ptr` allocated while recording was freed (see the module doc): a write of the whole
+        block on the stream it was allocated on, and a storage at `ptr` after it is a new one."""
+        self._watched.pop(ptr, None)
+        epoch = self._epochs.get(ptr, 0)
+        self._epochs[ptr] = epoch + 1
+        stream = self._alloc_stream.pop(ptr, None)
+        key = self._keys.get((ptr, epoch))
+        recorded_stream = ptr in self._recorded_streams
+        self._recorded_streams.discard(ptr)
+        if self.paused or key is None or stream is None or recorded_stream:
             return
         storage = self.record.trace.storages[key]
         ops = self.record.trace.ops
@@ -566,6 +587,13 @@ class Recorder:
         finally:
             self.paused -= 1
         return self.launch(kernel, kind, call, reads, writes)
+
+
+def _storage_freed(recorder_ref: Callable[[], Recorder | None], ptr: int, _storage_ref: Any) -> None:
+    """The callback of a watched storage's weak reference: its free, if its recorder is still recording."""
+    recorder = recorder_ref()
+    if recorder is not None and recorder.active:
+        recorder.on_free(ptr)
 
 
 def _to_host(value: Any) -> Any:

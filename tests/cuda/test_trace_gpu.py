@@ -1,5 +1,5 @@
-"""racefuzz.trace on a real GPU: what torch's GPU-trace callbacks, Triton launches, CuPy kernels and the
-caching allocator give the recorder, and the delay search manifesting a race beside a clean control.
+"""racefuzz.trace on a real GPU: what torch.cuda's stream and event API, Triton launches, CuPy kernels and
+the caching allocator give the recorder, and the delay search manifesting a race beside a clean control.
 
 Each test prints what it saw (run with `-s` for the record)."""
 
@@ -27,7 +27,7 @@ def test_the_example_races_on_the_gpu_exactly_where_it_does_on_the_cpu():
     assert races(synced_step) == []
 
 
-def test_wait_stream_and_item_arrive_through_the_gpu_trace_callbacks():
+def test_wait_stream_and_item_reach_the_recorder_through_torch_cuda():
     import torch
 
     def step(env):
@@ -43,8 +43,71 @@ def test_wait_stream_and_item_arrive_through_the_gpu_trace_callbacks():
     trace = run_once(step, "cuda").trace
     kinds = [type(op).__name__ for op in trace.ops]
     print(kinds)
-    assert kinds.count("TraceRecord") >= 2 and kinds.count("TraceWait") >= 2
-    assert any(k == "TraceStreamSync" for k in kinds)
+    assert kinds.count("TraceRecord") == 2 and kinds.count("TraceWait") == 2
+    assert kinds.count("TraceStreamSync") == 1
+    assert find_trace_races(trace) == []
+
+
+def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
+    """Each of torch.cuda's event and sync calls, and each op that makes the host wait, is one trace op."""
+    import torch
+
+    def step(env):
+        a, b = env.stream("a"), env.stream("b")
+        x = torch.arange(16, device="cuda")
+        done = torch.cuda.Event()
+        a.wait_stream(torch.cuda.current_stream())  # record + wait
+        with torch.cuda.stream(a):
+            x.add_(1)
+            done.record()  # on the current stream a
+        b.wait_event(done)  # through Event.wait
+        done.synchronize()
+        while not done.query():  # True: an event sync
+            pass
+        a.synchronize()
+        with torch.cuda.stream(b):
+            x.nonzero()  # stream syncs of b: a count read back,
+            x[x > 3]  # a boolean mask,
+            x.cpu()  # a copy to pageable host memory,
+            x.to("cpu", non_blocking=True)  # (pageable even so: CUDA returns when it is done)
+            x[torch.arange(1, 3, device="cuda")]  # but not an integer index
+        torch.cuda.synchronize()
+
+    trace = run_once(step, "cuda").trace
+    kinds = [type(op).__name__ for op in trace.ops if type(op).__name__ != "TraceLaunch"]
+    print(kinds)
+    assert kinds == [
+        "TraceRecord",
+        "TraceWait",
+        "TraceRecord",
+        "TraceWait",
+        "TraceEventSync",
+        "TraceEventSync",
+        "TraceStreamSync",
+        *["TraceStreamSync"] * 4,
+        "TraceDeviceSync",
+    ]
+    streams = [op.stream for op in trace.ops if type(op).__name__ == "TraceStreamSync"]
+    assert streams == ["a", "b", "b", "b", "b"]
+
+
+def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
+    import torch
+
+    def step(env):
+        first = torch.ones(1 << 20, device="cuda")
+        ptr = first.data_ptr()
+        del first  # freed on the default stream: its next allocation of that size gets the block
+        second = torch.zeros(1 << 20, device="cuda")
+        assert second.data_ptr() == ptr
+        second.add_(1)
+
+    trace = run_once(step, "cuda").trace
+    launches = [op for op in trace.ops if type(op).__name__ == "TraceLaunch"]
+    print(*launches, sep="\n")
+    assert [op.kind for op in launches] == ["torch", "free", "torch", "torch"]
+    ones, free, zeros, add = launches
+    assert ones.writes[0].storage == free.writes[0].storage != zeros.writes[0].storage == add.writes[0].storage
     assert find_trace_races(trace) == []
 
 

@@ -81,6 +81,43 @@ def test_item_is_a_host_sync_of_the_current_stream():
     assert any(type(op).__name__ == "TraceStreamSync" and op.stream == "forward" for op in trace.ops)
 
 
+def test_ops_that_read_a_count_back_are_host_syncs_and_an_integer_index_is_not():
+    def step(env):
+        forward = env.stream("forward")
+        table = torch.arange(8)
+        with env.use(forward):
+            table.nonzero()  # sizes its output from a count read back
+            table[table > 3]  # a boolean mask: nonzero inside
+            table[torch.tensor([1, 2])]  # an integer index: no sync
+
+    ops = run_once(step, "cpu").trace.ops
+    kernels = [op.kernel if type(op).__name__ == "TraceLaunch" else type(op).__name__ for op in ops]
+    after = {kernels[i - 1] for i, kernel in enumerate(kernels) if kernel == "TraceStreamSync"}
+    assert after == {"aten.nonzero.default", "aten.index.Tensor"}
+    assert kernels.count("TraceStreamSync") == 2
+
+
+def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_storage():
+    recorder = Recorder("cpu", watch_frees=True)  # as on a GPU: no storage kept alive
+    env = TraceEnv(recorder, "cpu")
+    forward = env.stream("forward")
+    with recording(recorder):
+        with env.use(forward):
+            buffer = torch.empty(1 << 16)  # allocated on forward (not an access)
+        buffer.fill_(2)  # on the default stream
+        ptr = buffer.untyped_storage().data_ptr()
+        del buffer  # freed: a write of the whole block on forward, unordered after the fill
+        # A block at that address from now on is a new storage (malloc may or may not hand it out again
+        # here; tests/cuda checks the caching allocator's reuse).
+        assert recorder._keys.get((ptr, recorder._epochs[ptr])) is None
+    ops = recorder.record.trace.ops
+    frees = [op for op in ops if getattr(op, "kind", None) == "free"]
+    assert [(op.stream, op.writes[0].intervals) for op in frees] == [("forward", ((0, 4 << 16),))]
+    assert [(r.first.kernel, r.second.kind) for r in find_trace_races(recorder.record.trace)] == [
+        ("aten.fill_.Scalar", "free")
+    ]
+
+
 def test_views_and_allocations_are_not_accesses():
     def step(env):
         x = torch.empty(8)
@@ -213,13 +250,12 @@ def test_the_freed_block_is_written_on_the_stream_it_was_allocated_on():
     forward = env.stream("forward")
     with recording(recorder):
         buffer = torch.ones(16)
-        ptr = buffer.untyped_storage().data_ptr()
-        recorder.on_alloc(ptr)  # the allocator callbacks fire on a GPU; here by hand
+        ptr = buffer.untyped_storage().data_ptr()  # allocated on the default stream (`Recorder.allocated`)
         buffer.fill_(2)  # on the default stream
         forward.wait_stream(env.current_stream())
         with env.use(forward):
             buffer.sum()  # used on another stream without record_stream
-        recorder.on_free(ptr)
+        recorder.on_free(ptr)  # a CPU recorder keeps its storages alive: the free by hand
     races = find_trace_races(recorder.record.trace)
     assert [(r.first.stream, r.second.kernel.startswith("free(")) for r in races] == [("forward", True)]
 
@@ -571,8 +607,8 @@ def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead
     from racefuzz.trace.proof import main, recording_cost
 
     figures = recording_cost(ops=20, runs=3, device="cpu")
-    measured = {"plain", "plain_callbacks_on", "trace", "trace_with_snapshots"}
-    derived = {"trace_minus_plain", "snapshots_minus_plain", "callbacks_on_minus_plain", "recording_overhead"}
+    measured = {"plain", "plain_installed", "trace", "trace_with_snapshots"}
+    derived = {"trace_minus_plain", "snapshots_minus_plain", "installed_minus_plain", "recording_overhead"}
     assert set(figures) == {f"{name}_us_per_op" for name in measured | derived}
     assert figures["trace_minus_plain_us_per_op"] == figures["trace_us_per_op"] - figures["plain_us_per_op"]
     assert main(["micro", "--device", "cpu", "--ops", "20", "--runs", "1"]) == 0
@@ -582,17 +618,17 @@ def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead
     assert "recording_overhead_us_per_op=" in out
 
 
-def test_the_recording_overhead_pairs_each_round_and_never_credits_the_callbacks():
+def test_the_recording_overhead_pairs_each_round_and_never_credits_the_installed_patches():
     from racefuzz.trace.proof import _overheads
 
     samples = {  # a machine that slows down by 10 us/op between the rounds
         "plain_us_per_op": [20.0, 20.0, 20.0],
-        "plain_callbacks_on_us_per_op": [18.0, 28.0, 38.0],
+        "plain_installed_us_per_op": [18.0, 28.0, 38.0],
         "trace_us_per_op": [30.0, 40.0, 50.0],
         "trace_with_snapshots_us_per_op": [60.0, 70.0, 80.0],
     }
     figures = _overheads(samples, statistics.median)
-    assert figures["recording_overhead_us_per_op"] == 8.0 + 12.0  # callbacks 28-20, then 12 per round
+    assert figures["recording_overhead_us_per_op"] == 8.0 + 12.0  # patches 28-20, then 12 per round
     assert figures["trace_minus_plain_us_per_op"] == 20.0
-    samples["plain_callbacks_on_us_per_op"] = [10.0, 12.0, 14.0]  # faster with callbacks on: no credit
+    samples["plain_installed_us_per_op"] = [10.0, 12.0, 14.0]  # faster with patches installed: no credit
     assert _overheads(samples, statistics.median)["recording_overhead_us_per_op"] == 28.0

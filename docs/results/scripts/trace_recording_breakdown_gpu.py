@@ -1,6 +1,8 @@
 """Where the recording cost goes on a GPU: the micro workload and three parts of it (ops only, waits only,
-stream switches only), unrecorded, under an empty TorchDispatchMode, and recorded; before and after torch's
-GPU-trace callbacks are on (they stay on once a recorder has run). Median of 15 runs, us per op.
+stream switches only), unrecorded, under an empty TorchDispatchMode, and recorded; before and after
+racefuzz's `torch.cuda` patches are installed (they stay once a recorder has run). Median of 15 runs, us
+per op. (The output committed for c288adb is of this script's earlier version, whose second phase turned
+torch's GPU-trace callbacks on instead.)
 Run: PYTHONPATH=. python docs/results/scripts/trace_recording_breakdown_gpu.py
 """
 
@@ -10,7 +12,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from racefuzz.trace.capture import _install_gpu_callbacks, recording
+from racefuzz.trace.capture import _patch_cuda_api, recording
 from racefuzz.trace.env import TraceEnv
 from racefuzz.trace.proof import _plain_env, micro_step
 from racefuzz.trace.recorder import Recorder
@@ -77,10 +79,10 @@ def timed(fn, mode=None):
 
 
 parts = {"micro": micro_step, "ops_only": ops_only, "waits_only": waits_only, "use_only": use_only}
-print("phase 1: gpu trace NOT activated")
+print("phase 1: racefuzz's torch.cuda patches NOT installed")
 for name, fn in parts.items():
     print(f"  {name:10s} plain={timed(fn):7.2f} empty_mode={timed(fn, 'empty'):7.2f} us/op")
-_install_gpu_callbacks()
-print("phase 2: gpu trace activated (racefuzz callbacks, no active recorder unless rec)")
+_patch_cuda_api()
+print("phase 2: racefuzz's torch.cuda patches installed (no active recorder unless rec)")
 for name, fn in parts.items():
     print(f"  {name:10s} plain={timed(fn):7.2f} empty_mode={timed(fn, 'empty'):7.2f} rec={timed(fn, 'rec'):7.2f} us/op")
