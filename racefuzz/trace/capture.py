@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from threading import get_ident
 from typing import Any, NamedTuple
 
+from racefuzz.trace import fastpath
 from racefuzz.trace.model import HOST
 from racefuzz.trace.recorder import Recorder
 
@@ -75,6 +76,9 @@ def _torch_mode_class() -> type:
         def __init__(self, recorder: Recorder) -> None:
             super().__init__()
             self.recorder = recorder
+            self.launch_op = fastpath.launch_op()
+            self.bail = object()
+            self.fast_state = recorder.fast_state(self.bail) if self.launch_op is not None else None
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -86,13 +90,20 @@ def _torch_mode_class() -> type:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             prior = _set_eval_frame(None)
             try:
-                return self._record(func, args, _NO_KWARGS if kwargs is None else kwargs)
+                info = _OP_INFO.get(func) or _op_info(func)
+                if kwargs is None:
+                    kwargs = _NO_KWARGS
+                recorder = self.recorder
+                if info.fast and self.fast_state is not None and not recorder.paused and not recorder.opaque:
+                    out = self.launch_op(self.fast_state, info.arguments, info.label, info.call, args, kwargs)
+                    if out is not self.bail:
+                        return out
+                return self._record(func, info, args, kwargs)
             finally:
                 _set_eval_frame(prior)
 
-        def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        def _record(self, func: Any, info: _OpInfo, args: tuple, kwargs: dict) -> Any:
             recorder = self.recorder
-            info = _OP_INFO.get(func) or _op_info(func)
             if recorder.paused or recorder.opaque or info.not_access:
                 if info.name == "record_stream":
                     recorder.on_record_stream(args[0])
@@ -174,6 +185,8 @@ class _OpInfo(NamedTuple):
     not_access: bool  # allocates or re-points memory only (`_NOT_ACCESSES`)
     allocates: bool  # one of those that returns a fresh allocation (`_ALLOCATING`)
     sync: Callable[[tuple, dict, Any, bool], bool] | None  # (args, kwargs, out, on_gpu) -> the host waited
+    fast: bool  # what the C++ fast path records (`launch_op`'s case: no fresh outputs, no sync, an access)
+    call: Callable[..., Any]  # the op's C++ callable (`OpOverload.__call__` is `self._op(*args, **kwargs)`)
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -203,7 +216,10 @@ def _op_info(func: Any) -> _OpInfo:
         sync = _syncs_on_mask
     elif name in ("_to_copy", "copy_"):
         sync = _syncs_in_copy
-    info = _OpInfo(name, str(func), arguments, _is_compute(func), name in _NOT_ACCESSES, name in _ALLOCATING, sync)
+    fresh_outputs, not_access = _is_compute(func), name in _NOT_ACCESSES
+    fast = not fresh_outputs and not not_access and sync is None
+    call = getattr(func, "_op", func)
+    info = _OpInfo(name, str(func), arguments, fresh_outputs, not_access, name in _ALLOCATING, sync, fast, call)
     _OP_INFO[func] = info
     return info
 

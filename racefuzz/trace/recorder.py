@@ -81,15 +81,25 @@ def user_source(skip: int = 2) -> str:
         code = frame.f_code
         known = library.get(code)
         if known is None:
-            known = library[code] = _is_library(code.co_filename)
+            known = _code_is_library(code)
         if not known:
-            key = (code, frame.f_lasti)
-            source = _SOURCES.get(key)
-            if source is None:
-                source = _SOURCES[key] = _format_source(code, frame.f_lineno)
-            return source
+            source = _SOURCES.get((code, frame.f_lasti))
+            return _frame_source(frame) if source is None else source
         frame = frame.f_back
     return ""
+
+
+def _code_is_library(code: Any) -> bool:
+    """Whether `code` is the recorder's, torch's, Triton's or Hypothesis's (cached; the fast path calls it too)."""
+    known = _LIBRARY_CODE[code] = _is_library(code.co_filename)
+    return known
+
+
+def _frame_source(frame: Any) -> str:
+    """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too)."""
+    code = frame.f_code
+    source = _SOURCES[(code, frame.f_lasti)] = _format_source(code, frame.f_lineno)
+    return source
 
 
 def _format_source(code: Any, lineno: int) -> str:
@@ -217,6 +227,34 @@ class Recorder:
         # A proxy, not the recorder itself: no reference cycle, so a finished run's trace is freed when its
         # last user lets go of it instead of waiting (with every other run's) for a full collection.
         self.virtual_current = VirtualStream(weakref.proxy(self), "default")
+
+    def fast_state(self, bail: object) -> tuple[Any, ...]:
+        """What the C++ fast path (`racefuzz.trace._fastpath.cpp`, its `State` enum in this order) reads and
+        appends to: this recorder's own containers, so a trace op it makes is the one `launch_op` would."""
+        if self.on_gpu:
+            _current_raw_stream(self.device_index)  # looks torch's function up once
+        return (
+            self,
+            bail,
+            self.record.trace.ops,
+            self.record.launch_ops,
+            self._keys,
+            self._epochs,
+            self._stream_names,
+            self._seen_streams,
+            self.delays,
+            self._snapshots_or_syncs,
+            self.on_gpu,
+            _raw_stream if self.on_gpu else None,
+            self.device_index,
+            TraceLaunch,
+            Access,
+            _LIBRARY_CODE,
+            _SOURCES,
+            _code_is_library,
+            _frame_source,
+            "torch",
+        )
 
     # --- names -------------------------------------------------------------------------------------
 

@@ -1,0 +1,72 @@
+"""The recorder's C++ fast path (`_fastpath.cpp`): compiled on first use, once per torch and Python version.
+
+`launch_op()` gives the compiled `launch_op(state, arguments, label, func, args, kwargs)` the dispatch mode
+calls for an op that writes only its arguments (see the C++ source's contract), or None where it cannot be
+had: Python before 3.11, no C++ compiler or ninja, `RACEFUZZ_TRACE_FASTPATH=0`. Recording then takes the
+Python path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly;
+why is said once on stderr. The build (about a minute) goes to `$XDG_CACHE_HOME/racefuzz` (default
+`~/.cache/racefuzz`), one directory per torch and Python version; concurrent processes (pytest-xdist
+workers) wait for one build through torch's lock in that directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+ENV = "RACEFUZZ_TRACE_FASTPATH"
+"""`0` turns the fast path off (the Python path then records every op)."""
+
+NAME = "racefuzz_trace_fastpath"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fastpath.cpp")
+
+_loaded: list[Callable[..., Any] | None] = []
+"""The loaded function (or None, with the reason said), once tried."""
+
+
+def build_directory() -> str:
+    import torch
+
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    version = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    return os.path.join(cache, "racefuzz", f"fastpath-{version}")
+
+
+def launch_op() -> Callable[..., Any] | None:
+    """The compiled fast path, built and loaded on the first call; None if it is off or cannot be built."""
+    if not _loaded:
+        _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load() -> Callable[..., Any] | None:
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    if sys.version_info < (3, 11):
+        return _unavailable("it needs Python 3.11 or later")
+    try:
+        from torch.utils.cpp_extension import load
+
+        directory = build_directory()
+        os.makedirs(directory, exist_ok=True)
+        if not any(name.startswith(NAME) and name.endswith(".so") for name in os.listdir(directory)):
+            print(
+                f"racefuzz: compiling the trace recorder's C++ fast path into {directory} (once; about a minute)",
+                file=sys.stderr,
+            )
+        module = load(NAME, [SOURCE], build_directory=directory, extra_cflags=["-O2"], verbose=False)
+    except Exception as error:  # no compiler, no ninja, a torch without headers: record in Python
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return _unavailable(f"{type(error).__name__}: {first}")
+    return module.launch_op
+
+
+def _unavailable(why: str) -> None:
+    print(
+        f"racefuzz: the trace recorder's C++ fast path is unavailable ({why}); recording in Python, more "
+        f"slowly ({ENV}=0 turns it off without this message)",
+        file=sys.stderr,
+    )
+    return None

@@ -1,0 +1,111 @@
+"""The recorder's C++ fast path (`racefuzz/trace/_fastpath.cpp`) against the Python path it replaces: the
+same steps recorded both ways give the same trace, snapshots and outputs; the fast path really records
+the in-place ops; and where it cannot be built, recording says why once and goes on in Python."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from racefuzz.trace import fastpath  # noqa: E402
+from racefuzz.trace.recorder import Recorder  # noqa: E402
+from racefuzz.trace.search import run_once  # noqa: E402
+
+if fastpath.launch_op() is None:  # compiled once per torch and Python version (about a minute)
+    pytest.skip(
+        "the C++ fast path cannot be built here (Python < 3.11, no compiler or ninja; see stderr)",
+        allow_module_level=True,
+    )
+
+
+def table_step(env):
+    """In-place and `out=` writes of views (rows, a strided column, a tensor list) on three streams."""
+    table = env.name(torch.zeros(4, 16, dtype=torch.int32), "req_to_token")
+    scratch = torch.zeros(16, dtype=torch.int32)
+    schedule, forward, plan = env.stream("schedule"), env.stream("forward"), env.stream("plan")
+    for stream in (schedule, forward, plan):
+        stream.wait_stream(env.current_stream())
+    with env.use(forward):
+        kv = table[1:3].sum(0)
+        torch.add(table[0], 1, out=scratch)  # out=: a write of an argument
+    with env.use(schedule):
+        table[1, 4:8] = 7  # copy_ into a row view
+        table[:, 2].add_(1)  # a strided column: the recorder's own interval merging
+        table[3].copy_(scratch)
+    with env.use(plan):
+        torch._foreach_add_([table[0], table[2]], 1)  # returns nothing ("fresh" outputs): the Python path
+        torch.cat([table[0], table[1]], out=torch.zeros(32, dtype=torch.int32))  # a tensor list: the fast path bails
+        table.t().mul_(2)  # non-contiguous: the recorder's own interval merging
+    done = env.event()
+    done.record(plan)
+    env.current_stream().wait_event(done)
+    return {"kv": kv, "table": table}
+
+
+def record(step, fast: bool, monkeypatch, **options):
+    with monkeypatch.context() as patch:
+        if not fast:
+            patch.setattr(fastpath, "launch_op", lambda: None)
+        return run_once(step, "cpu", **options)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"serialize": True}, {"snapshot_plan": {}}], ids=["reference", "serial", "trace"]
+)
+def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options):
+    fast, slow = record(table_step, True, monkeypatch, **options), record(table_step, False, monkeypatch, **options)
+    assert fast.trace.ops == slow.trace.ops
+    assert fast.trace.storages == slow.trace.storages and fast.trace.streams == slow.trace.streams
+    assert fast.launch_ops == slow.launch_ops
+    assert {k: [(s.slot, s.lo, s.hi, s.intervals) for s in v] for k, v in fast.snapshots.items()} == {
+        k: [(s.slot, s.lo, s.hi, s.intervals) for s in v] for k, v in slow.snapshots.items()
+    }
+    for ordinal, snaps in fast.snapshots.items():
+        for mine, theirs in zip(snaps, slow.snapshots[ordinal], strict=True):
+            assert torch.equal(mine.data, theirs.data)
+    assert all(torch.equal(fast.outputs[k], slow.outputs[k]) for k in slow.outputs)
+
+
+def test_the_fast_path_records_in_place_ops_without_the_python_launch(monkeypatch):
+    calls = []
+    original = Recorder.launch_op
+
+    def counted(self, kernel, *args):
+        calls.append(kernel)
+        return original(self, kernel, *args)
+
+    monkeypatch.setattr(Recorder, "launch_op", counted)
+    record(table_step, True, monkeypatch)
+    fast_calls = list(calls)
+    calls.clear()
+    record(table_step, False, monkeypatch)
+    # Every in-place or `out=` op of the step (its streams already seen through their waits) is recorded by
+    # the fast path; the Python path's own `launch_op` records them when it is off.
+    assert fast_calls == ["aten.cat.out"]  # it bailed out, untouched, and the Python path recorded it
+    assert sorted(calls) == [
+        "aten.add.out",
+        "aten.add_.Tensor",
+        "aten.cat.out",
+        "aten.fill_.Tensor",
+        "aten.mul_.Tensor",
+    ]
+
+
+def test_delays_on_the_cpu_are_applied_and_recorded_by_both_paths(monkeypatch):
+    delays = {("schedule", 1): 100.0, ("plan", 0): 50.0}
+    fast = record(table_step, True, monkeypatch, delays=delays)
+    slow = record(table_step, False, monkeypatch, delays=delays)
+    assert fast.delays_applied == slow.delays_applied and len(slow.delays_applied) == 2
+
+
+def test_without_the_fast_path_recording_says_why_once(monkeypatch, capsys):
+    monkeypatch.setattr(fastpath, "_loaded", [])
+    monkeypatch.setattr(fastpath, "SOURCE", "/nonexistent/_fastpath.cpp")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-cache-dir-for-racefuzz")
+    assert fastpath.launch_op() is None and fastpath.launch_op() is None
+    err = capsys.readouterr().err
+    assert err.count("fast path is unavailable") == 1 and "RACEFUZZ_TRACE_FASTPATH=0" in err
+    monkeypatch.setattr(fastpath, "_loaded", [])
+    monkeypatch.setenv(fastpath.ENV, "0")
+    assert fastpath.launch_op() is None and capsys.readouterr().err == ""
