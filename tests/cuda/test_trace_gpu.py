@@ -68,9 +68,9 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
         with torch.cuda.stream(b):
             x.nonzero()  # stream syncs of b: a count read back,
             x[x > 3]  # a boolean mask,
-            x.cpu()  # a copy to pageable host memory,
-            x.to("cpu", non_blocking=True)  # (pageable even so: CUDA returns when it is done)
-            x[torch.arange(1, 3, device="cuda")]  # but not an integer index
+            x.cpu()  # and a blocking copy to the host;
+            x.to("cpu", non_blocking=True)  # not: torch pins the copy's destination, the host goes on
+            x[torch.arange(1, 3, device="cuda")]  # nor an integer index
         torch.cuda.synchronize()
 
     trace = run_once(step, "cuda").trace
@@ -83,12 +83,17 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
         "TraceWait",
         "TraceEventSync",
         "TraceEventSync",
-        "TraceStreamSync",
         *["TraceStreamSync"] * 4,
         "TraceDeviceSync",
     ]
-    streams = [op.stream for op in trace.ops if type(op).__name__ == "TraceStreamSync"]
-    assert streams == ["a", "b", "b", "b", "b"]
+    synced = [(op.stream, trace.ops[op.index - 1]) for op in trace.ops if type(op).__name__ == "TraceStreamSync"]
+    print(synced)
+    assert [stream for stream, _ in synced] == ["a", "b", "b", "b"]
+    assert [before.kernel for _, before in synced[1:]] == [
+        "aten.nonzero.default",
+        "aten.index.Tensor",
+        "aten._to_copy.default",
+    ]
 
 
 def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
@@ -105,8 +110,8 @@ def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
     trace = run_once(step, "cuda").trace
     launches = [op for op in trace.ops if type(op).__name__ == "TraceLaunch"]
     print(*launches, sep="\n")
-    assert [op.kind for op in launches] == ["torch", "free", "torch", "torch"]
-    ones, free, zeros, add = launches
+    assert [op.kind for op in launches] == ["torch", "free", "torch", "torch", "free"]  # `second` dies last
+    ones, free, zeros, add, _ = launches
     assert ones.writes[0].storage == free.writes[0].storage != zeros.writes[0].storage == add.writes[0].storage
     assert find_trace_races(trace) == []
 
