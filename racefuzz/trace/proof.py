@@ -244,7 +244,9 @@ def _figures(figures: dict[str, float]) -> str:
 
 
 def csan_main(design: str) -> int:
-    """Run under CSAN: the design's step (prints what CSAN reports), then the micro workload (µs/op).
+    """Run under CSAN: the design's step (prints what CSAN reports), then the micro workload (µs/op), then,
+    if CSAN reported nothing, the step timed (`CSAN STEP`: its median under CSAN against its median before
+    CSAN was on in this same process, per launch: CSAN's recording cost on the step, beside racefuzz's `COST`).
 
     `design` may also be `example-racy` / `example-synced` (`racefuzz.trace.example`: a torch-only step
     whose racing write is a view not starting at the table's base)."""
@@ -260,18 +262,45 @@ def csan_main(design: str) -> int:
     }
     step = steps[design] if design in steps else sglang_overlap.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
+    # Counted before either timing, so that both run with racefuzz's torch.cuda patches installed.
+    launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
     plain = _micro_us(ops=2000)
+    plain_step = _step_us(step, STEP_RUNS)
     csan.enable_cuda_sanitizer()
+    reported = False
     try:
         step(_plain_env())
         torch.cuda.synchronize()
         print(f"CSAN {design}: no error reported")
     except Exception as exc:  # CSAN raises CUDASanitizerErrors
+        reported = True
         text = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("  File")]
         print(f"CSAN {design}: {type(exc).__name__}: " + " | ".join(text[:16]))
     torch.cuda.synchronize()
     print(f"CSAN micro {design}: plain {plain:.1f} us/op, CSAN {_micro_us(ops=2000):.1f} us/op")
+    if not reported:  # a step CSAN stops with an error cannot be timed whole
+        under = _step_us(step, STEP_RUNS)
+        print(
+            f"CSAN STEP design={design} plain_step_median_us={plain_step:.1f} csan_step_median_us={under:.1f} "
+            f"launches={launches} csan_us_per_launch={(under - plain_step) / launches:.1f}"
+        )
     return 0
+
+
+STEP_RUNS = 30
+"""Runs of a step per median in `csan_main` (CSAN's step takes up to tens of ms)."""
+
+
+def _step_us(step: Any, runs: int) -> float:
+    """Median µs of `runs` unrecorded runs of `step` (CSAN's figure once it is on), after one untimed run."""
+    env = _plain_env()
+    step(env)
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        step(env)
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
 
 
 def _micro_us(ops: int, runs: int = 5) -> float:

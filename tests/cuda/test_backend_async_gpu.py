@@ -88,7 +88,12 @@ def test_preparing_the_next_run_neither_waits_for_nor_disturbs_the_running_one()
 def test_a_batched_gpu_search_catches_the_control_k_of_k() -> None:
     gpu = executor("cuda")
     assert hasattr(gpu, "prepare"), "executor('cuda') is a PreparingExecutor"
-    result = search(load_design("none"), gpu, backend="cuda", examples=400, seed=1, repeat=K, batch=8)
+    # Forced orders (gates): a spin counterexample shrunk to the delay floor replays 4 or 5 times in 5 (seen
+    # on an H200 in sessions 5 to 7), a gated one holds its order exactly; spins stay covered, k of k
+    # within the search, by the properties.
+    result = search(
+        load_design("none"), gpu, backend="cuda", examples=400, seed=1, repeat=K, batch=8, strategy="orders"
+    )
     assert result.found and result.counterexample.oracle == "corruption"
     c = result.counterexample
     assert sum(bool(find_corruptions(c.program, gpu(c.program, c.schedule).observations)) for _ in range(K)) == K
