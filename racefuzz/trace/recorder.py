@@ -214,6 +214,7 @@ class Recorder:
         self._epochs: dict[int, int] = {}
         self._alloc_stream: dict[int, str] = {}
         self._watched: dict[int, Any] = {}
+        self._self_ref = weakref.ref(self)
         """Storage address -> the weak reference whose callback records the storage's free."""
         self.watch_frees = self.on_gpu if watch_frees is None else watch_frees
         self.active = False
@@ -320,7 +321,7 @@ class Recorder:
             elif ptr:
                 # Every storage seen is watched (one allocated before recording too): its death ends its
                 # epoch, so a block reused at the same address is never taken for the same storage.
-                self._watched[ptr] = weakref.ref(storage, functools.partial(_storage_freed, weakref.ref(self), ptr))
+                self._watched[ptr] = weakref.ref(storage, functools.partial(_storage_freed, self._self_ref, ptr))
         return key
 
     def allocated(self, tensor: Any) -> None:
