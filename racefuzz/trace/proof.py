@@ -246,12 +246,17 @@ def _figures(figures: dict[str, float]) -> str:
 def csan_main(design: str) -> int:
     """Run under CSAN: the design's step (prints what CSAN reports), then the micro workload (µs/op), then,
     if CSAN reported nothing, the step timed (`CSAN STEP`: its median under CSAN against its median before
-    CSAN was on in this same process, per launch: CSAN's recording cost on the step, beside racefuzz's `COST`).
+    CSAN was imported in this same process, per launch: CSAN's recording cost on the step, beside
+    racefuzz's `COST`).
+
+    The unrecorded figures are taken before `torch.cuda._sanitizer` is imported: importing it makes its
+    `CUDASanitizer()`, whose dispatch mode's constructor turns torch's GPU-trace callbacks on with CSAN's
+    handlers (a stack trace per allocation among them) before `enable_cuda_sanitizer()` is called; figures
+    taken after the import already carry that part of CSAN's cost (session 6's 5-47 ms "unrecorded" steps).
 
     `design` may also be `example-racy` / `example-synced` (`racefuzz.trace.example`: a torch-only step
     whose racing write is a view not starting at the table's base)."""
     import torch
-    import torch.cuda._sanitizer as csan
 
     from racefuzz.trace import example, sglang_overlap
 
@@ -266,6 +271,8 @@ def csan_main(design: str) -> int:
     launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
     plain = _micro_us(ops=2000)
     plain_step = _step_us(step, STEP_RUNS)
+    import torch.cuda._sanitizer as csan  # turns CSAN's callbacks on (see above)
+
     csan.enable_cuda_sanitizer()
     reported = False
     try:
