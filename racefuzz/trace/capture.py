@@ -416,6 +416,7 @@ def _patch_triton() -> None:
     global _TRITON_PATCHED
     if _TRITON_PATCHED:
         return
+    _TRITON_PATCHED = True  # also when Triton is missing: not looked for again at every recording
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:
@@ -434,7 +435,6 @@ def _patch_triton() -> None:
         )
 
     JITFunction.run = run
-    _TRITON_PATCHED = True
 
 
 @contextlib.contextmanager

@@ -52,25 +52,32 @@ def _plain_env(device: str = "cuda") -> Any:
     return TraceEnv(Recorder(device), device)
 
 
-def _step_cost(step: Any, rounds: int) -> dict[str, float]:
+def _step_cost(step: Any, rounds: int, device: str = "cuda") -> dict[str, float]:
     """The recording cost of `step` in µs, as `_overheads` measures the micro workload's: the step unrecorded
-    `rounds` times before any recorder (the first run, untimed, compiles its kernels), then `rounds`
+    `rounds` times before any recorder (the first run, untimed, compiles its kernels), each beside a run
+    under an empty dispatch mode (`dispatch_floor_us`: the median paired difference), then `rounds`
     rounds after 10 untimed ones, each the step unrecorded (racefuzz's patches now installed) and recorded as a
     trace, back to back. Meant for a fresh process (`cost_main`): a recorder that ran before leaves the
     patches installed and the baseline would omit them."""
-    env = _plain_env()
+    env = _plain_env(device)
     step(env)
-    before = []
+    empty_mode = _empty_mode_class()
+    before, floor = [], []
     for _ in range(rounds):
         start = time.perf_counter()
         step(env)
-        before.append((time.perf_counter() - start) * 1e6)
+        middle = time.perf_counter()
+        with empty_mode():
+            step(env)
+        end = time.perf_counter()
+        before.append((middle - start) * 1e6)
+        floor.append((end - middle) - (middle - start))
     plain, traced = [], []
     for i in range(rounds + 10):
         start = time.perf_counter()
         step(env)
         middle = time.perf_counter()
-        run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
+        run_once(step, device, evaluate_annotations=False, snapshot_plan={})
         end = time.perf_counter()
         if i >= 10:
             plain.append((middle - start) * 1e6)
@@ -87,7 +94,31 @@ def _step_cost(step: Any, rounds: int) -> dict[str, float]:
         "recorded_step_median_us": statistics.median(traced),
         "installed_us": overheads["installed_minus_plain_us_per_op"],
         "recording_us": overheads["recording_overhead_us_per_op"],
+        "dispatch_floor_us": statistics.median(floor) * 1e6,
     }
+
+
+def _empty_mode_class() -> type:
+    """A `TorchDispatchMode` that only calls each op, keeping Dynamo out as `TraceMode` does: the cost any
+    Python dispatch mode adds before recording anything (the floor of racefuzz's design)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+
+    class EmptyMode(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            prior = set_eval_frame(None)
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                set_eval_frame(prior)
+
+    return EmptyMode
 
 
 def cost_main(design: str, rounds: int) -> int:
@@ -104,7 +135,8 @@ def cost_main(design: str, rounds: int) -> int:
         f"recorded_step_median_us={figures['recorded_step_median_us']:.1f} launches={launches} "
         f"installed_us_per_step={figures['installed_us']:.1f} "
         f"recording_us_per_launch={figures['recording_us'] / launches:.1f} "
-        f"recorded_events={events} recording_us_per_event={figures['recording_us'] / events:.1f}"
+        f"recorded_events={events} recording_us_per_event={figures['recording_us'] / events:.1f} "
+        f"empty_mode_us_per_launch={figures['dispatch_floor_us'] / launches:.1f}"
     )
     return 0
 

@@ -4,6 +4,7 @@ without a schema through annotations, the value oracle, the delay search, the re
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -632,3 +633,20 @@ def test_the_recording_overhead_pairs_each_round_and_never_credits_the_installed
     assert figures["trace_minus_plain_us_per_op"] == 20.0
     samples["plain_installed_us_per_op"] = [10.0, 12.0, 14.0]  # faster with patches installed: no credit
     assert _overheads(samples, statistics.median)["recording_overhead_us_per_op"] == 28.0
+
+
+def test_the_step_cost_pairs_each_run_with_an_empty_dispatch_mode_on_the_cpu():
+    from racefuzz.trace.proof import _step_cost
+
+    figures = _step_cost(overlap, rounds=5, device="cpu")
+    assert set(figures) == {
+        "step_median_us",
+        "step_installed_median_us",
+        "recorded_step_median_us",
+        "installed_us",
+        "recording_us",
+        "dispatch_floor_us",
+    }
+    assert all(math.isfinite(value) for value in figures.values())
+    # Recording (a recorder, the dispatch mode, a trace of ~20 ops) costs far more than the step's CPU ops.
+    assert figures["recorded_step_median_us"] > figures["step_median_us"]
