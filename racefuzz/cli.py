@@ -30,7 +30,7 @@ DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
 """The per-example watchdog's default: far above any example's run (ms on the simulator, a GPU kernel compile
 on the first CUDA example takes seconds)."""
 
-BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu")
+BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu", "trace")
 MAX_BENCH_PROCESSES = 64
 """`bench gpu --processes`' bound (racefuzz.bench.gpu.MAX_PROCESSES, not imported here: that imports the search)."""
 
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default="mutants",
         choices=BENCHMARKS,
-        help="mutants (default): kill rate and baselines; engine, scenario, matrix: simulator; gpu: the CUDA backend",
+        help="mutants (default): kill rate and baselines; engine, scenario, matrix: simulator; gpu: the CUDA "
+        "backend; trace: racefuzz trace's recording cost per op",
     )
     bench.add_argument("--backend", choices=("sim", "cuda"), default="sim", help="for `mutants` (default sim)")
     bench.add_argument("--json", type=Path, help="write the raw figures here")

@@ -1,0 +1,90 @@
+"""`racefuzz bench trace`: what recording costs per op in `racefuzz trace` (the micro workload of
+`racefuzz.trace.proof`: small torch ops alternating between two streams with a `wait_stream` each).
+
+On the GPU if there is one (the goal, 20 us/op, is the H200's), else on the CPU (CPU tensors through the
+same dispatch mode, virtual streams: no verdict). Each figure comes from `python -m racefuzz.trace.proof
+micro` in a fresh process: the unrecorded baseline has to be taken before any recorder installs racefuzz's
+`torch.cuda` patches. Twice: with the C++ fast path and with the Python path alone
+(`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from racefuzz.errors import BackendUnavailable
+
+GOAL_US_PER_OP = 20.0
+RUNS = 21
+"""Paired rounds per figure (each round: unrecorded, recorded, recorded with snapshots)."""
+PATHS = {"fast": "1", "python": "0"}
+"""Recorder path -> `RACEFUZZ_TRACE_FASTPATH`."""
+TIMEOUT_S = 900
+
+
+def run(runs: int = RUNS) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as error:
+        raise BackendUnavailable(f"racefuzz bench trace needs torch ({error})") from None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results: dict[str, Any] = {"device": device, "runs": runs, "goal_us_per_op": GOAL_US_PER_OP}
+    for path, flag in PATHS.items():
+        print(f"racefuzz bench trace: the {path} path on {device}, {runs} rounds (a fresh process)", file=sys.stderr)
+        results[path] = _micro(device, runs, flag)
+    return results
+
+
+def _micro(device: str, runs: int, flag: str) -> dict[str, Any]:
+    """The `RECORDING` and `RECORDING-OVERHEAD` figures (medians over the rounds) of one fresh process."""
+    command = [sys.executable, "-m", "racefuzz.trace.proof", "micro", "--device", device, "--runs", str(runs)]
+    try:
+        out = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env={**os.environ, "RACEFUZZ_TRACE_FASTPATH": flag},
+        )
+    except subprocess.TimeoutExpired:
+        raise BackendUnavailable(f"racefuzz bench trace: `{' '.join(command)}` ran past {TIMEOUT_S} s") from None
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendUnavailable(f"racefuzz bench trace: the micro workload failed on {device}: {last}")
+    figures: dict[str, Any] = {"fast_path_unavailable": "fast path is unavailable" in out.stderr}
+    for line in out.stdout.splitlines():
+        label, _, rest = line.partition(" ")
+        if label in ("RECORDING", "RECORDING-OVERHEAD"):
+            for field in rest.split():
+                key, sep, value = field.partition("=")
+                if sep and key.endswith("_us_per_op"):
+                    figures[key] = float(value)
+    if "recording_overhead_us_per_op" not in figures:
+        raise BackendUnavailable(f"racefuzz bench trace: no RECORDING-OVERHEAD line from `{' '.join(command)}`")
+    return figures
+
+
+def render(results: dict[str, Any]) -> str:
+    device, goal = results["device"], results["goal_us_per_op"]
+    lines = [
+        f"racefuzz trace recording cost, micro workload, {results['runs']} paired rounds on {device} (us/op, medians)",
+        f"{'path':<8} {'unrecorded':>11} {'recorded':>9} {'overhead':>9}  verdict (goal {goal:g} us/op)",
+    ]
+    for path in PATHS:
+        figures = results[path]
+        if device != "cuda":
+            verdict = "none on the CPU (the goal is the H200's)"
+        elif path == "python":
+            verdict = "none (the Python path alone, for comparison)"
+        else:
+            verdict = "meets" if figures["recording_overhead_us_per_op"] <= goal else "MISSES"
+        if figures["fast_path_unavailable"] and path == "fast":
+            verdict += "; the fast path could not be built here: this row is the Python path too"
+        lines.append(
+            f"{path:<8} {figures['plain_us_per_op']:>11.2f} {figures['trace_us_per_op']:>9.2f} "
+            f"{figures['recording_overhead_us_per_op']:>9.2f}  {verdict}"
+        )
+    return "\n".join(lines)
