@@ -14,6 +14,7 @@
 //   after the call (a strided view, an unknown storage) is handed to the recorder's own Python methods.
 #include <Python.h>
 #include <frameobject.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #if PY_VERSION_HEX < 0x030B0000
@@ -169,6 +170,9 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   }
   if (!contiguous) {
     PyObject* one = PyList_New(1);
+    if (one == nullptr) {
+      return nullptr;
+    }
     Py_INCREF(tensor);
     PyList_SET_ITEM(one, 0, tensor);
     PyObject* result = PyObject_CallMethod(recorder, "_merged_accesses", "OO", one, label);
@@ -179,14 +183,20 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
     return PyTuple_New(0);
   }
   PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
+  if (base_obj == nullptr) {
+    return nullptr;
+  }
   PyObject* epoch = PyDict_GetItem(PyTuple_GET_ITEM(state, EPOCHS), base_obj);
   PyObject* zero = nullptr;
   if (epoch == nullptr) {
     epoch = zero = PyLong_FromLong(0);
   }
-  PyObject* pair = PyTuple_Pack(2, base_obj, epoch);
+  PyObject* pair = epoch == nullptr ? nullptr : PyTuple_Pack(2, base_obj, epoch);
   Py_XDECREF(zero);
   Py_DECREF(base_obj);
+  if (pair == nullptr) {
+    return nullptr;
+  }
   PyObject* key = PyDict_GetItem(PyTuple_GET_ITEM(state, KEYS), pair);
   Py_DECREF(pair);
   if (key != nullptr) {
@@ -198,11 +208,14 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
     }
   }
   PyObject* bounds = untracked(Py_BuildValue("(LL)", static_cast<long long>(start), static_cast<long long>(start + nbytes)));
-  PyObject* interval = untracked(PyTuple_Pack(1, bounds));
-  Py_DECREF(bounds);
-  PyObject* fields = PyTuple_Pack(2, key, interval);
+  PyObject* interval = bounds == nullptr ? nullptr : untracked(PyTuple_Pack(1, bounds));
+  Py_XDECREF(bounds);
+  PyObject* fields = interval == nullptr ? nullptr : PyTuple_Pack(2, key, interval);
   Py_DECREF(key);
-  Py_DECREF(interval);
+  Py_XDECREF(interval);
+  if (fields == nullptr) {
+    return nullptr;
+  }
   PyObject* item = make(PyTuple_GET_ITEM(state, ACCESS), fields);
   Py_DECREF(fields);
   if (item == nullptr) {
@@ -229,7 +242,7 @@ bool off_device(PyObject* state, PyObject* tensor) {
   return PyTuple_GET_ITEM(state, ON_GPU) == Py_True && !THPVariable_Unpack(tensor).is_cuda();
 }
 
-PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
+PyObject* launch_op_impl(PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs != 6 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != STATE_SIZE || !PyTuple_Check(argv[1]) ||
       !PyTuple_Check(argv[4]) || !PyDict_Check(argv[5])) {
     PyErr_SetString(PyExc_TypeError, "launch_op(state, arguments, label, func, args, kwargs)");
@@ -248,6 +261,12 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
   PyObject* reads = PyList_New(0);
   PyObject* writes = PyList_New(0);   // (slot, tensor) pairs, as `_after` takes them
   PyObject* written = PyList_New(0);  // the tensors alone
+  if (reads == nullptr || writes == nullptr || written == nullptr) {
+    Py_XDECREF(reads);
+    Py_XDECREF(writes);
+    Py_XDECREF(written);
+    return nullptr;
+  }
   PyObject* result = nullptr;
   PyObject* stream = nullptr;
   PyObject* source = nullptr;
@@ -274,13 +293,17 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
         result = bail;
         break;
       }
+      int appended;
       if (is_written) {
         PyObject* pair = PyTuple_Pack(2, name, value);
-        PyList_Append(writes, pair);
-        Py_DECREF(pair);
-        PyList_Append(written, value);
+        appended = pair == nullptr ? -1 : PyList_Append(writes, pair);
+        Py_XDECREF(pair);
+        appended = appended < 0 ? -1 : PyList_Append(written, value);
       } else {
-        PyList_Append(reads, value);
+        appended = PyList_Append(reads, value);
+      }
+      if (appended < 0) {
+        goto done;  // no side effect yet: the error (out of memory) propagates
       }
     } else if (PyList_Check(value) || PyTuple_Check(value)) {
       result = bail;  // tensor lists: the Python path's `_tensors`
@@ -333,14 +356,16 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
     PyObject* ops = PyTuple_GET_ITEM(state, OPS);
     PyObject* launch_ops = PyTuple_GET_ITEM(state, LAUNCH_OPS);
     Py_ssize_t ordinal = PyList_GET_SIZE(launch_ops);
+    // The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
     PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
-    PyObject* fields = PyTuple_Pack(
-        8, index, stream, label, PyTuple_GET_ITEM(state, KIND_TORCH), read_access, write_access, source, Py_False);
-    PyObject* op = make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
-    Py_DECREF(fields);
+    PyObject* fields = index == nullptr ? nullptr
+                                        : PyTuple_Pack(8, index, stream, label, PyTuple_GET_ITEM(state, KIND_TORCH),
+                                                       read_access, write_access, source, Py_False);
+    PyObject* op = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
+    Py_XDECREF(fields);
     if (op == nullptr || PyList_Append(ops, op) < 0 || PyList_Append(launch_ops, index) < 0) {
       Py_XDECREF(op);
-      Py_DECREF(index);
+      Py_XDECREF(index);
       Py_CLEAR(result);
       goto done;
     }
@@ -364,6 +389,19 @@ done:
   Py_XDECREF(read_access);
   Py_XDECREF(write_access);
   return result;
+}
+
+// `launch_op_impl` behind a C++ exception barrier: a c10 or Python error thrown from torch's C++ (none is
+// expected on these paths) becomes a Python exception instead of terminating the process.
+PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
+  try {
+    return launch_op_impl(argv, nargs);
+  } catch (python_error& error) {
+    error.restore();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
+  return nullptr;
 }
 
 PyMethodDef methods[] = {

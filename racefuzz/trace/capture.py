@@ -28,7 +28,6 @@ _NOT_ACCESSES = frozenset(
 
 _HOST_SYNCING = frozenset(
     {
-        "_local_scalar_dense",  # `.item()`, `.tolist()`
         "nonzero",  # and what decomposes to it: `argwhere`, one-argument `where`
         "masked_select",
         "_unique",
@@ -38,13 +37,16 @@ _HOST_SYNCING = frozenset(
         "unique_dim_consecutive",
     }
 )
-"""Ops after which the host has waited for the current stream (CUDA, non-empty input): torch's CUDA kernels
-read a count back (`at::cuda::memcpy_and_sync`) to size their output. Ops that sync only sometimes are left
-out: a sync racefuzz does not know of can only make it report more (a missing edge), one it wrongly
-assumed could hide a race."""
+"""Ops during which the host waits for the current stream (CUDA, non-empty input): torch's CUDA kernels
+count, read the count back (`at::cuda::memcpy_and_sync`) to size their output, then launch the kernels
+that read the input again and write the output. So the sync is recorded *before* the op's launch: the host
+has waited for everything before the op, not for the op. `.item()` / `.tolist()` (`_local_scalar_dense`)
+sync after their copy. Ops that sync only sometimes are left out, as is an assignment through a boolean
+mask (`x[mask] = v` with a scalar `v` is a `masked_fill_`, no sync): a sync racefuzz does not know of can
+only make it report more (a missing edge), one it wrongly assumed could hide a race."""
 
-_SYNCING_WITH_MASK = frozenset({"index", "index_put", "index_put_", "_index_put_impl_"})
-"""Ops that sync the host like `nonzero` when an index is a boolean (or uint8) mask."""
+_SYNCING_WITH_MASK = frozenset({"index"})
+"""A read through a boolean (or uint8) mask (`x[mask]`): `nonzero` inside, so a sync before its launch."""
 
 _ALLOCATING = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 """`_NOT_ACCESSES` ops that return a fresh allocation (its stream is where the caching allocator may reuse it)."""
@@ -108,8 +110,12 @@ def _torch_mode_class() -> type:
                 if info.name == "record_stream":
                     recorder.on_record_stream(args[0])
                 out = func(*args, **kwargs)
-                if info.allocates and not recorder.paused and not recorder.opaque:
-                    recorder.allocated(out)
+                # Allocations count inside an opaque launch too (a launcher's own tensors can be freed and
+                # their blocks reused), but not the recorder's own (paused).
+                if not recorder.paused and (info.allocates or (recorder.opaque and info.fresh_outputs)):
+                    for tensor in _tensors(out):
+                        if tensor.is_cuda or not recorder.on_gpu:
+                            recorder.allocated(tensor)
                 return out
             reads, writes = _schema_accesses(info, args, kwargs)
             outputs_written = info.fresh_outputs
@@ -152,10 +158,16 @@ def _torch_mode_class() -> type:
 
             if fresh is None and info.sync is None:
                 return recorder.launch_op(info.label, func, args, kwargs, reads, writes)
-            out = recorder.launch(info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh)
-            if info.sync is not None and info.sync(args, kwargs, out, on_gpu):
-                recorder.on_stream_sync(recorder.current_stream())
-            return out
+            host_sync = None
+            if info.sync is not None:
+                sync = info.sync
+
+                def host_sync(out: Any) -> str:
+                    return sync(args, kwargs, out, on_gpu)
+
+            return recorder.launch(
+                info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh, host_sync=host_sync
+            )
 
     return TraceMode
 
@@ -184,7 +196,7 @@ class _OpInfo(NamedTuple):
     fresh_outputs: bool  # returns new tensors (not views of its inputs)
     not_access: bool  # allocates or re-points memory only (`_NOT_ACCESSES`)
     allocates: bool  # one of those that returns a fresh allocation (`_ALLOCATING`)
-    sync: Callable[[tuple, dict, Any, bool], bool] | None  # (args, kwargs, out, on_gpu) -> the host waited
+    sync: Callable[[tuple, dict, Any, bool], str] | None  # (args, kwargs, out, on_gpu) -> `Recorder.launch`'s
     fast: bool  # what the C++ fast path records (`launch_op`'s case: no fresh outputs, no sync, an access)
     call: Callable[..., Any]  # the op's C++ callable (`OpOverload.__call__` is `self._op(*args, **kwargs)`)
 
@@ -210,7 +222,9 @@ def _op_info(func: Any) -> _OpInfo:
     )
     name = schema.name.split("::")[-1]
     sync = None
-    if name in _HOST_SYNCING:
+    if name == "_local_scalar_dense":
+        sync = _syncs_after_copy_out
+    elif name in _HOST_SYNCING:
         sync = _syncs_on_input
     elif name in _SYNCING_WITH_MASK:
         sync = _syncs_on_mask
@@ -250,43 +264,58 @@ def _schema_accesses(info: _OpInfo, args: tuple, kwargs: dict) -> tuple[list[Any
     return reads, writes
 
 
-def _syncs_on_input(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
-    """A `_HOST_SYNCING` op: it synced iff its input was a non-empty device tensor (on the CPU, where CPU
-    tensors stand for device ones, any)."""
-    first = args[0] if args else None
-    return isinstance(first, _Tensor) and (first.is_cuda or not on_gpu) and first.numel() > 0
+# A sync rule answers, from an op's (args, kwargs, out, on_gpu), where the host waited for the current
+# stream: "before" its launch (it waited for the work issued before the op, then the op's last kernels
+# ran), "after" it, or "" (no sync). Each answers "" unless the op surely synced: an assumed sync that did
+# not happen could hide a race. A device tensor is a CUDA one in a GPU run, any tensor in a CPU run.
 
 
-def _syncs_on_mask(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
-    """A `_SYNCING_WITH_MASK` op: it synced iff an index is a (non-empty, device) boolean or uint8 mask."""
+def _is_device(tensor: Any, on_gpu: bool) -> bool:
+    return isinstance(tensor, _Tensor) and (tensor.is_cuda or not on_gpu) and tensor.numel() > 0
+
+
+def _syncs_after_copy_out(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
+    """`_local_scalar_dense` (`.item()`, `.tolist()`): a copy to the host, then the sync."""
+    return "after" if args and _is_device(args[0], on_gpu) else ""
+
+
+def _syncs_on_input(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
+    """A `_HOST_SYNCING` op on a non-empty device tensor: the sync comes before its output's kernels."""
+    return "before" if args and _is_device(args[0], on_gpu) else ""
+
+
+def _syncs_on_mask(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
+    """`index` through a non-empty device boolean or uint8 mask: `nonzero` first, so a sync before."""
     indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-    return any(
-        isinstance(index, _Tensor)
-        and (index.is_cuda or not on_gpu)
-        and index.dtype in _MASK_DTYPES
-        and index.numel() > 0
-        for index in indices or ()
-    )
+    masked = any(_is_device(index, on_gpu) and index.dtype in _MASK_DTYPES for index in indices or ())
+    return "before" if masked else ""
 
 
-def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> bool:
-    """`_to_copy` / `copy_` between the host and the GPU that the host waited for: any such copy without
-    `non_blocking=True` (torch's `memcpy_and_sync`), and one into ordinary (not pinned) host memory even with
-    it (CUDA completes a copy to pageable memory before returning). None on the CPU: no host/device copies."""
+def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
+    """`_to_copy` / `copy_` of a non-empty tensor between the host and the GPU without `non_blocking=True`
+    (torch's `memcpy_and_sync`). A copy to the host syncs after the copy; one to the GPU too, unless it
+    needs temporaries (a non-contiguous operand, another dtype: torch copies into a device temporary, syncs,
+    then converts with a kernel): the sync is then before that kernel. A `non_blocking` copy is never taken
+    for a sync (CUDA's copy into pageable memory "might be synchronous": not a promise). None on the CPU."""
     if not on_gpu:
-        return False
+        return ""
     # `_to_copy` takes it keyword-only; `copy_(self, src, non_blocking)`
     non_blocking = kwargs["non_blocking"] if "non_blocking" in kwargs else len(args) > 2 and bool(args[2])
+    if non_blocking:
+        return ""
     if len(args) > 1 and isinstance(args[1], _Tensor):  # copy_(dst, src)
         dst, src = args[0], args[1]
     else:
         made = _tensors(out)
         if not made:
-            return False
+            return ""
         dst, src = made[0], args[0]
-    if dst.is_cuda == src.is_cuda:
-        return False
-    return not non_blocking or (src.is_cuda and not dst.is_pinned())
+    if dst.is_cuda == src.is_cuda or not dst.numel():
+        return ""
+    if src.is_cuda:
+        return "after"
+    plain = dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype
+    return "after" if plain else "before"
 
 
 _MASK_DTYPES: frozenset[Any] = frozenset()
@@ -297,6 +326,14 @@ def _gpu_recorder() -> Recorder | None:
     """The active recorder if it records a GPU run and is not paused (its own copies and spins)."""
     recorder = _ACTIVE[-1] if _ACTIVE else None
     return recorder if recorder is not None and recorder.on_gpu and not recorder.paused else None
+
+
+def _syncing_recorder() -> Recorder | None:
+    """`_gpu_recorder()` if this is the thread that records: a host sync orders only the thread that waited
+    (another thread's `torch.cuda.synchronize()` tells the step's thread nothing). Records and waits count
+    from any thread: they order the device itself."""
+    recorder = _gpu_recorder()
+    return recorder if recorder is not None and recorder.thread == get_ident() else None
 
 
 def _patch_cuda_api() -> None:
@@ -343,27 +380,27 @@ def _patch_cuda_api() -> None:
 
     def event_sync(self: Any) -> None:
         event_synchronize(self)
-        recorder = _gpu_recorder()
+        recorder = _syncing_recorder()
         if recorder is not None and self.cuda_event:
             recorder.on_event_sync(recorder.event_name(self.cuda_event))
 
     def event_done(self: Any) -> bool:
         # A query that answers True is an event sync: the host knows the recorded work has finished.
         done = event_query(self)
-        recorder = _gpu_recorder() if done else None
+        recorder = _syncing_recorder() if done else None
         if recorder is not None and self.cuda_event:
             recorder.on_event_sync(recorder.event_name(self.cuda_event))
         return done
 
     def stream_sync(self: Any) -> None:
         stream_synchronize(self)
-        recorder = _gpu_recorder()
+        recorder = _syncing_recorder()
         if recorder is not None:
             recorder.on_stream_sync(recorder.stream_name(self.cuda_stream))
 
     def synchronize(device: Any = None) -> None:
         device_synchronize(device)
-        recorder = _gpu_recorder()
+        recorder = _syncing_recorder()
         if recorder is not None:
             recorder.on_device_sync()
 

@@ -4,13 +4,15 @@
 calls for an op that writes only its arguments (see the C++ source's contract), or None where it cannot be
 had: Python before 3.11, no C++ compiler or ninja, `RACEFUZZ_TRACE_FASTPATH=0`. Recording then takes the
 Python path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly;
-why is said once on stderr. The build (about a minute) goes to `$XDG_CACHE_HOME/racefuzz` (default
+why is said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default
 `~/.cache/racefuzz`), one directory per torch and Python version; concurrent processes (pytest-xdist
-workers) wait for one build through torch's lock in that directory.
+workers) wait for one build through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a
+killed build's and is removed first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -51,9 +53,10 @@ def _load() -> Callable[..., Any] | None:
 
         directory = build_directory()
         os.makedirs(directory, exist_ok=True)
+        _clear_stale_lock(os.path.join(directory, "lock"))
         if not any(name.startswith(NAME) and name.endswith(".so") for name in os.listdir(directory)):
             print(
-                f"racefuzz: compiling the trace recorder's C++ fast path into {directory} (once; about a minute)",
+                f"racefuzz: compiling the trace recorder's C++ fast path into {directory} (once; 10-60 s)",
                 file=sys.stderr,
             )
         module = load(NAME, [SOURCE], build_directory=directory, extra_cflags=["-O2"], verbose=False)
@@ -61,6 +64,25 @@ def _load() -> Callable[..., Any] | None:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return _unavailable(f"{type(error).__name__}: {first}")
     return module.launch_op
+
+
+STALE_LOCK_S = 600
+"""A build lock older than this is a killed build's (a build takes 10-60 s)."""
+
+
+def _clear_stale_lock(lock: str) -> None:
+    """Remove the lock a killed build left (torch's `load` would otherwise wait for it forever, silently);
+    a younger lock is a build in progress in another process, which `load` waits for."""
+    import time
+
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return  # no lock: no build in progress
+    if age > STALE_LOCK_S:
+        print(f"racefuzz: removing {lock}, left {age:.0f} s ago by a build that did not finish", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.remove(lock)
 
 
 def _unavailable(why: str) -> None:

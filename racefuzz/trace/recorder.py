@@ -213,9 +213,11 @@ class Recorder:
         self._keys: dict[tuple[int, int], int] = {}
         self._epochs: dict[int, int] = {}
         self._alloc_stream: dict[int, str] = {}
-        self._watched: dict[int, Any] = {}
+        self._watched: dict[int, tuple[Any, int]] = {}
+        """Storage address -> (the weak reference whose callback records the storage's free, `id(storage)`)."""
+        self._address_of: dict[int, int] = {}
+        """`id(storage)` -> the address it is watched at."""
         self._self_ref = weakref.ref(self)
-        """Storage address -> the weak reference whose callback records the storage's free."""
         self.watch_frees = self.on_gpu if watch_frees is None else watch_frees
         self.active = False
         """Whether this recorder is recording now (set by `racefuzz.trace.capture.recording`)."""
@@ -321,14 +323,31 @@ class Recorder:
             elif ptr:
                 # Every storage seen is watched (one allocated before recording too): its death ends its
                 # epoch, so a block reused at the same address is never taken for the same storage.
-                self._watched[ptr] = weakref.ref(storage, functools.partial(_storage_freed, self._self_ref, ptr))
+                self._watch(storage, ptr)
         return key
 
     def allocated(self, tensor: Any) -> None:
         """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`)."""
-        ptr = tensor.untyped_storage().data_ptr()
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
         if ptr:
             self._alloc_stream[ptr] = self.current_stream()
+            if self.watch_frees:
+                self._watch(storage, ptr)  # now: a block never accessed must still end its allocation
+
+    def _watch(self, storage: Any, ptr: int) -> None:
+        """Call `on_free(ptr)` when `storage` (now at `ptr`) dies. A storage already watched at another
+        address was reallocated in place (an `out=` op that grew it): its old block was freed then."""
+        identity = id(storage)  # stable: torch keeps a storage's Python object as long as the storage
+        old = self._address_of.get(identity)
+        if old == ptr:
+            return
+        if old is not None:
+            self.on_free(old)
+            self._alloc_stream.setdefault(ptr, self.current_stream())
+        callback = functools.partial(_storage_freed, self._self_ref, ptr)
+        self._watched[ptr] = (weakref.ref(storage, callback), identity)
+        self._address_of[identity] = ptr
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
         if len(tensors) == 1:
@@ -376,12 +395,14 @@ class Recorder:
         *,
         outputs: Callable[[Any], list[tuple[object, Any]]] | None = None,
         assumed: bool = False,
+        host_sync: Callable[[Any], str] | None = None,
     ) -> Any:
         """Record one launch, apply its delay, run `call`, take its snapshots; return what `call` returned.
 
         `writes` pairs each written view with its slot (how the same tensor is found in another run's
         launch: an argument name or position); `outputs(result)` gives the fresh tensors the call returned,
-        written too, with their slots.
+        written too, with their slots. `host_sync(result)` says where the host waited for the stream during
+        the call: "before" the launch's kernels (a sync recorded ahead of the launch), "after" them, or "".
         """
         stream = self.current_stream()
         if self.delays:
@@ -399,7 +420,12 @@ class Recorder:
                 self.opaque -= 1
         if outputs is not None:
             writes = writes + outputs(result)
+        synced = host_sync(result) if host_sync is not None else ""
+        if synced == "before":
+            self.on_stream_sync(stream)
         self._append_launch(stream, kernel, kind, reads, writes, source, assumed)
+        if synced == "after":
+            self.on_stream_sync(stream)
         return result
 
     def launch_op(
@@ -428,14 +454,15 @@ class Recorder:
         """Append the `TraceLaunch` of a launch that has run (its accesses from the views now), then take
         its snapshots."""
         record = self.record
-        ordinal = len(record.launch_ops)
-        ops = record.trace.ops
-        index = len(ops)
         if len(writes) == 1:
             written = self._access(writes[0][1], kernel)
         else:
             written = self._accesses([view for _, view in writes], kernel)
         read = self._accesses(reads, kernel)
+        # The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
+        ordinal = len(record.launch_ops)
+        ops = record.trace.ops
+        index = len(ops)
         ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, kind, read, written, source, assumed)))
         record.launch_ops.append(index)
         if self._snapshots_or_syncs:
@@ -545,7 +572,9 @@ class Recorder:
     def on_free(self, ptr: int) -> None:
         """The storage at `ptr` allocated while recording was freed (see the module doc): a write of the whole
         block on the stream it was allocated on, and a storage at `ptr` after it is a new one."""
-        self._watched.pop(ptr, None)
+        watched = self._watched.pop(ptr, None)
+        if watched is not None:
+            self._address_of.pop(watched[1], None)
         epoch = self._epochs.get(ptr, 0)
         self._epochs[ptr] = epoch + 1
         stream = self._alloc_stream.pop(ptr, None)

@@ -66,11 +66,13 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
             pass
         a.synchronize()
         with torch.cuda.stream(b):
-            x.nonzero()  # stream syncs of b: a count read back,
-            x[x > 3]  # a boolean mask,
-            x.cpu()  # and a blocking copy to the host;
-            x.to("cpu", non_blocking=True)  # not: torch pins the copy's destination, the host goes on
-            x[torch.arange(1, 3, device="cuda")]  # nor an integer index
+            x.nonzero()  # stream syncs of b before the launch: a count read back,
+            x[x > 3]  # a read through a boolean mask;
+            x.cpu()  # after it: a blocking copy to the host;
+            x.to("cpu", non_blocking=True)  # none: a non-blocking copy (torch pins its destination),
+            x[:0].cpu()  # an empty copy,
+            x[x > 100] = 0  # an assignment through a mask (masked_fill_),
+            x[torch.arange(1, 3, device="cuda")]  # an integer index
         torch.cuda.synchronize()
 
     trace = run_once(step, "cuda").trace
@@ -86,14 +88,12 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
         *["TraceStreamSync"] * 4,
         "TraceDeviceSync",
     ]
-    synced = [(op.stream, trace.ops[op.index - 1]) for op in trace.ops if type(op).__name__ == "TraceStreamSync"]
+    ops = trace.ops
+    synced = [(op.stream, ops[op.index - 1], ops[op.index + 1]) for op in ops if type(op).__name__ == "TraceStreamSync"]
     print(synced)
-    assert [stream for stream, _ in synced] == ["a", "b", "b", "b"]
-    assert [before.kernel for _, before in synced[1:]] == [
-        "aten.nonzero.default",
-        "aten.index.Tensor",
-        "aten._to_copy.default",
-    ]
+    assert [stream for stream, _, _ in synced] == ["a", "b", "b", "b"]
+    assert [after.kernel for _, _, after in synced[1:3]] == ["aten.nonzero.default", "aten.index.Tensor"]
+    assert synced[3][1].kernel == "aten._to_copy.default"
 
 
 def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():

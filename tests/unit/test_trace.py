@@ -82,20 +82,61 @@ def test_item_is_a_host_sync_of_the_current_stream():
     assert any(type(op).__name__ == "TraceStreamSync" and op.stream == "forward" for op in trace.ops)
 
 
-def test_ops_that_read_a_count_back_are_host_syncs_and_an_integer_index_is_not():
+def test_ops_that_read_a_count_back_sync_before_their_launch_and_a_mask_assignment_does_not():
     def step(env):
         forward = env.stream("forward")
         table = torch.arange(8)
         with env.use(forward):
-            table.nonzero()  # sizes its output from a count read back
-            table[table > 3]  # a boolean mask: nonzero inside
+            table.nonzero()  # counts, reads the count back, then writes its output
+            table[table > 3]  # a read through a boolean mask: nonzero inside
             table[torch.tensor([1, 2])]  # an integer index: no sync
+            table[table > 6] = 0  # an assignment through a mask with a scalar: masked_fill_, no sync
+            table.sum().item()  # a copy to the host, then the sync
 
     ops = run_once(step, "cpu").trace.ops
     kernels = [op.kernel if type(op).__name__ == "TraceLaunch" else type(op).__name__ for op in ops]
-    after = {kernels[i - 1] for i, kernel in enumerate(kernels) if kernel == "TraceStreamSync"}
-    assert after == {"aten.nonzero.default", "aten.index.Tensor"}
-    assert kernels.count("TraceStreamSync") == 2
+    syncs = [i for i, kernel in enumerate(kernels) if kernel == "TraceStreamSync"]
+    assert [kernels[i + 1] for i in syncs[:2]] == ["aten.nonzero.default", "aten.index.Tensor"]  # before
+    assert kernels[syncs[2] - 1] == "aten._local_scalar_dense.default" and len(syncs) == 3  # after
+    assert all(ops[i].stream == "forward" for i in syncs)
+
+
+def test_a_storage_grown_in_place_frees_its_old_block_then():
+    recorder = Recorder("cpu", watch_frees=True)
+    TraceEnv(recorder, "cpu")
+    with recording(recorder):
+        out = torch.zeros(4)
+        before = out.untyped_storage().data_ptr()
+        out.resize_(0)  # an `out=` tensor to be grown (without torch's warning for a non-empty one)
+        torch.add(torch.ones(1 << 16), 1, out=out)  # grows `out`: its storage moves to a new block
+        after = out.untyped_storage().data_ptr()
+        out.add_(1)
+    assert before != after
+    ops = recorder.record.trace.ops
+    kinds = [(op.kind, op.kernel.split("(")[0]) for op in ops if type(op).__name__ == "TraceLaunch"]
+    assert ("free", "free") in kinds
+    free = next(op for op in ops if getattr(op, "kind", None) == "free")
+    add = next(op for op in ops if getattr(op, "kernel", "") == "aten.add.out")
+    assert free.index == add.index - 1  # freed when the op grew it, before its launch
+    assert free.writes[0].storage != add.writes[0].storage  # the old block, not the new one
+    assert set(recorder._watched) >= {after} and before not in recorder._watched
+
+
+def test_an_allocation_inside_an_opaque_launch_is_freed_on_its_stream():
+    recorder = Recorder("cpu", watch_frees=True)
+    env = TraceEnv(recorder, "cpu")
+    side = env.stream("side")
+
+    def launcher(**_):
+        return torch.zeros(1 << 16)  # the launcher's own tensor (opaque), returned to the step
+
+    with recording(recorder):
+        made = launch_kernel("made_by_a_launcher", launcher)
+        with env.use(side):
+            made.sum()  # used on another stream, no edge back
+        del made  # freed on the default stream
+    races = find_trace_races(recorder.record.trace)
+    assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]
 
 
 def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_storage():

@@ -12,7 +12,7 @@ from racefuzz.trace import fastpath  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
-if fastpath.launch_op() is None:  # compiled once per torch and Python version (about a minute)
+if fastpath.launch_op() is None:  # compiled once per torch and Python version (10-60 s)
     pytest.skip(
         "the C++ fast path cannot be built here (Python < 3.11, no compiler or ninja; see stderr)",
         allow_module_level=True,
@@ -109,3 +109,17 @@ def test_without_the_fast_path_recording_says_why_once(monkeypatch, capsys):
     monkeypatch.setattr(fastpath, "_loaded", [])
     monkeypatch.setenv(fastpath.ENV, "0")
     assert fastpath.launch_op() is None and capsys.readouterr().err == ""
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    fastpath._clear_stale_lock(str(lock))
+    assert lock.exists() and capsys.readouterr().err == ""  # another process may be building now
+    old = time.time() - fastpath.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    fastpath._clear_stale_lock(str(lock))
+    assert not lock.exists() and "did not finish" in capsys.readouterr().err
