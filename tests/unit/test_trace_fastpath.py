@@ -43,6 +43,22 @@ def table_step(env):
     return {"kv": kv, "table": table}
 
 
+def storage_step(env):
+    """Frees, a storage grown in place by an `out=` op, host syncs before and after launches."""
+    side = env.stream("side")
+    side.wait_stream(env.current_stream())
+    out = torch.zeros(4)
+    out.resize_(0)
+    torch.add(torch.ones(1 << 12), 1, out=out)  # grown: its old block freed then
+    with env.use(side):
+        scratch = out * 2
+        picked = scratch[scratch > 2]  # a sync before the index launch
+        total = picked.sum().item()  # a sync after the copy out
+    del scratch  # freed on side
+    out.add_(total)
+    return {"out": out}
+
+
 def record(step, fast: bool, monkeypatch, **options):
     with monkeypatch.context() as patch:
         if not fast:
@@ -53,8 +69,11 @@ def record(step, fast: bool, monkeypatch, **options):
 @pytest.mark.parametrize(
     "options", [{}, {"serialize": True}, {"snapshot_plan": {}}], ids=["reference", "serial", "trace"]
 )
-def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options):
-    fast, slow = record(table_step, True, monkeypatch, **options), record(table_step, False, monkeypatch, **options)
+@pytest.mark.parametrize("step", [table_step, storage_step], ids=["table", "storages"])
+def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options, step):
+    options = {"watch_frees": True, **options}  # as on a GPU: frees and reused blocks recorded
+    fast, slow = record(step, True, monkeypatch, **options), record(step, False, monkeypatch, **options)
+    assert any(getattr(op, "kind", None) == "free" for op in slow.trace.ops) or step is table_step
     assert fast.trace.ops == slow.trace.ops
     assert fast.trace.storages == slow.trace.storages and fast.trace.streams == slow.trace.streams
     assert fast.launch_ops == slow.launch_ops
