@@ -110,11 +110,17 @@ def _torch_mode_class() -> type:
                 if info.name == "record_stream":
                     recorder.on_record_stream(args[0])
                 out = func(*args, **kwargs)
+                if recorder.paused:
+                    return out  # the recorder's own copies
+                if info.name == "resize_":
+                    recorder.resized(args[0])
                 # Allocations count inside an opaque launch too (a launcher's own tensors can be freed and
-                # their blocks reused), but not the recorder's own (paused).
-                if not recorder.paused and (info.allocates or (recorder.opaque and info.fresh_outputs)):
+                # their blocks reused); an output on an input's storage is a view, not an allocation.
+                if info.allocates or (recorder.opaque and info.fresh_outputs):
+                    inputs = {t.untyped_storage().data_ptr() for t in _tensors(list(args))}
                     for tensor in _tensors(out):
-                        if tensor.is_cuda or not recorder.on_gpu:
+                        on_device = tensor.is_cuda or not recorder.on_gpu
+                        if on_device and tensor.untyped_storage().data_ptr() not in inputs:
                             recorder.allocated(tensor)
                 return out
             reads, writes = _schema_accesses(info, args, kwargs)
@@ -293,10 +299,11 @@ def _syncs_on_mask(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
 
 def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
     """`_to_copy` / `copy_` of a non-empty tensor between the host and the GPU without `non_blocking=True`
-    (torch's `memcpy_and_sync`). A copy to the host syncs after the copy; one to the GPU too, unless it
-    needs temporaries (a non-contiguous operand, another dtype: torch copies into a device temporary, syncs,
-    then converts with a kernel): the sync is then before that kernel. A `non_blocking` copy is never taken
-    for a sync (CUDA's copy into pageable memory "might be synchronous": not a promise). None on the CPU."""
+    (torch's `memcpy_and_sync`). A copy to the host syncs after the copy; one to the GPU too, unless it needs
+    work on the device after the copy (a non-contiguous operand, another dtype, a conjugate or negative bit
+    that differs: torch's `copy_kernel_cuda` syncs, then runs a kernel): the sync is then before it. A
+    `non_blocking` copy is never taken for a sync (CUDA's copy into pageable memory "might be synchronous":
+    not a promise). None on the CPU."""
     if not on_gpu:
         return ""
     # `_to_copy` takes it keyword-only; `copy_(self, src, non_blocking)`
@@ -314,7 +321,13 @@ def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
         return ""
     if src.is_cuda:
         return "after"
-    plain = dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype
+    plain = (
+        dst.is_contiguous()
+        and src.is_contiguous()
+        and dst.dtype == src.dtype
+        and dst.is_conj() == src.is_conj()  # else `conj_physical_` / `neg_` runs on the device after the sync
+        and dst.is_neg() == src.is_neg()
+    )
     return "after" if plain else "before"
 
 

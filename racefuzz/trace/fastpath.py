@@ -76,13 +76,18 @@ def _clear_stale_lock(lock: str) -> None:
     import time
 
     try:
-        age = time.time() - os.path.getmtime(lock)
+        seen = os.stat(lock)
     except OSError:
         return  # no lock: no build in progress
+    age = time.time() - seen.st_mtime
     if age > STALE_LOCK_S:
-        print(f"racefuzz: removing {lock}, left {age:.0f} s ago by a build that did not finish", file=sys.stderr)
         with contextlib.suppress(OSError):
-            os.remove(lock)
+            now = os.stat(lock)
+            # Still the same old file: another process that removed it first and started a build has made a
+            # new lock, which must stay.
+            if (now.st_ino, now.st_mtime) == (seen.st_ino, seen.st_mtime):
+                print(f"racefuzz: removing {lock}, left {age:.0f} s ago by an unfinished build", file=sys.stderr)
+                os.remove(lock)
 
 
 def _unavailable(why: str) -> None:

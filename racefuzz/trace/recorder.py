@@ -320,7 +320,7 @@ class Recorder:
             self.record.trace.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes)
             if not self.watch_frees:
                 self._keep.append(storage)  # the address must not be reused within the run
-            elif ptr:
+            if ptr:
                 # Every storage seen is watched (one allocated before recording too): its death ends its
                 # epoch, so a block reused at the same address is never taken for the same storage.
                 self._watch(storage, ptr)
@@ -332,22 +332,44 @@ class Recorder:
         ptr = storage.data_ptr()
         if ptr:
             self._alloc_stream[ptr] = self.current_stream()
+            self._recorded_streams.discard(ptr)  # a `record_stream` of an earlier block at this address
             if self.watch_frees:
                 self._watch(storage, ptr)  # now: a block never accessed must still end its allocation
 
+    def resized(self, tensor: Any) -> None:
+        """`tensor.resize_(...)` ran: a storage seen before that now lives elsewhere moved (`_watch`)."""
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        old = self._address_of.get(id(storage))
+        if ptr and old is not None and old != ptr:
+            self._watch(storage, ptr)
+
     def _watch(self, storage: Any, ptr: int) -> None:
-        """Call `on_free(ptr)` when `storage` (now at `ptr`) dies. A storage already watched at another
-        address was reallocated in place (an `out=` op that grew it): its old block was freed then."""
+        """Know `storage` at `ptr`; with `watch_frees`, call `on_free(ptr)` when it dies. A storage known at
+        another address was reallocated in place (an `out=` op or `resize_` that grew it): its old block was
+        freed then, and is a new storage from now on."""
         identity = id(storage)  # stable: torch keeps a storage's Python object as long as the storage
         old = self._address_of.get(identity)
         if old == ptr:
             return
         if old is not None:
-            self.on_free(old)
-            self._alloc_stream.setdefault(ptr, self.current_stream())
+            if self.watch_frees:
+                self.on_free(old)
+                self._alloc_stream.setdefault(ptr, self.current_stream())
+            else:
+                self._epochs[old] = self._epochs.get(old, 0) + 1
+        self._address_of[identity] = ptr
+        if not self.watch_frees:
+            return
+        previous = self._watched.get(ptr)
+        if previous is not None and previous[1] != identity:
+            # Another storage known at this address moved without the recorder seeing it (a resize outside
+            # dispatch, `UntypedStorage.resize_`): forget where it was rather than free this block for it.
+            self._address_of.pop(previous[1], None)
+        else:
+            self._recorded_streams.discard(ptr)  # a new storage here: an old block's `record_stream` is gone
         callback = functools.partial(_storage_freed, self._self_ref, ptr)
         self._watched[ptr] = (weakref.ref(storage, callback), identity)
-        self._address_of[identity] = ptr
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
         if len(tensors) == 1:

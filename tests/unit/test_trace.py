@@ -691,3 +691,57 @@ def test_the_step_cost_pairs_each_run_with_an_empty_dispatch_mode_on_the_cpu():
     assert all(math.isfinite(value) for value in figures.values())
     # Recording (a recorder, the dispatch mode, a trace of ~20 ops) costs far more than the step's CPU ops.
     assert figures["recorded_step_median_us"] > figures["step_median_us"]
+
+
+def test_a_resize_that_moves_a_storage_frees_its_old_block_then():
+    recorder = Recorder("cpu", watch_frees=True)
+    env = TraceEnv(recorder, "cpu")
+    side = env.stream("side")
+    with recording(recorder):
+        x = torch.zeros(16)  # allocated on the default stream
+        side.wait_stream(env.current_stream())
+        with env.use(side):
+            x.sum()  # read on side
+        before = x.untyped_storage().data_ptr()
+        x.resize_(1 << 16)  # a new block now: the old one freed on the default stream, unordered after the read
+        assert x.untyped_storage().data_ptr() != before
+        env.current_stream().wait_stream(side)  # too late for the free
+        x.add_(1)
+    races = find_trace_races(recorder.record.trace)
+    assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]
+
+
+def test_a_cpu_recorder_takes_a_grown_storages_old_address_for_a_new_storage():
+    recorder = Recorder("cpu")  # keeps its storages alive instead of watching them: no frees
+    TraceEnv(recorder, "cpu")
+    with recording(recorder):
+        out = torch.zeros(4)
+        before = out.untyped_storage().data_ptr()
+        out.resize_(0)
+        torch.add(torch.ones(1 << 12), 1, out=out)  # grown: the old block may be handed out again
+    assert recorder._keys.get((before, recorder._epochs.get(before, 0))) is None
+
+
+def test_a_new_allocation_forgets_an_old_blocks_record_stream():
+    recorder = Recorder("cpu", watch_frees=True)
+    TraceEnv(recorder, "cpu")
+    tensor = torch.zeros(4)
+    ptr = tensor.untyped_storage().data_ptr()
+    recorder._recorded_streams.add(ptr)  # left by a block at this address that died unseen
+    recorder.allocated(tensor)
+    assert ptr not in recorder._recorded_streams
+
+
+def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
+    recorder = Recorder("cpu", watch_frees=True)
+    env = TraceEnv(recorder, "cpu")
+    side = env.stream("side")
+
+    def launcher(x):
+        return torch.ops.aten._unsafe_view(x, [2, 8])  # a fresh-looking output on x's storage
+
+    with recording(recorder):
+        x = torch.zeros(16)  # allocated on the default stream
+        with env.use(side):
+            launch_kernel("viewer", launcher, x=x)
+    assert recorder._alloc_stream[x.untyped_storage().data_ptr()] == "default"

@@ -141,4 +141,4 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path,
     old = time.time() - fastpath.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
     fastpath._clear_stale_lock(str(lock))
-    assert not lock.exists() and "did not finish" in capsys.readouterr().err
+    assert not lock.exists() and "unfinished build" in capsys.readouterr().err
