@@ -349,6 +349,19 @@ def _syncing_recorder() -> Recorder | None:
     return recorder if recorder is not None and recorder.thread == get_ident() else None
 
 
+def _raw_handle(stream: Any) -> int:
+    """The `cudaStream_t` of a `torch.cuda.Stream`, or of a device-generic `torch.Stream` (which torch.cuda's
+    methods accept too, and which has no `cuda_stream`)."""
+    handle = getattr(stream, "cuda_stream", None)
+    if handle is None:
+        import torch
+
+        handle = torch.cuda.Stream(
+            stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type
+        ).cuda_stream
+    return handle
+
+
 def _patch_cuda_api() -> None:
     """Route the step's stream and event operations through the active recorder (patched once per process).
 
@@ -357,10 +370,10 @@ def _patch_cuda_api() -> None:
     recorder (`wait_event` and `record_event` reach it through `Event.wait` / `Event.record`); outside a
     recording they only add one check. Not torch's GPU-trace callbacks: once activated those stay on for the
     process (torch has no way to turn them off) and call into Python for every allocation, free, event
-    creation, record, wait and sync of every later test, recorded or not: 2 us each on the H200 host
-    (`docs/results/trace-recording-breakdown-h200-session6.txt`). Host syncs inside torch's C++ ops are
-    known from the op instead (`_HOST_SYNCING`, blocking copies), frees from the storages themselves
-    (`Recorder.allocated`).
+    creation, record, wait and sync of every later test, recorded or not (torch's `wait_stream`, four of
+    them, went from 2.9 to 7.6 us on the H200 host: `trace-recording-breakdown-h200-session6.txt` in
+    docs/results). Host syncs inside torch's C++ ops are known from the op instead (`_HOST_SYNCING`,
+    blocking copies), frees from the storages themselves (`Recorder.allocated`).
     """
     global _CUDA_API_PATCHED
     if _CUDA_API_PATCHED:
@@ -381,7 +394,7 @@ def _patch_cuda_api() -> None:
         record(self, stream)
         recorder = _gpu_recorder()
         if recorder is not None:
-            recorder.on_record(recorder.event_name(self.cuda_event), recorder.stream_name(stream.cuda_stream))
+            recorder.on_record(recorder.event_name(self.cuda_event), recorder.stream_name(_raw_handle(stream)))
 
     def event_wait(self: Any, stream: Any = None) -> None:
         if stream is None:
@@ -389,7 +402,7 @@ def _patch_cuda_api() -> None:
         wait(self, stream)
         recorder = _gpu_recorder()
         if recorder is not None and self.cuda_event:  # torch waits on no event before its first record
-            recorder.on_wait(recorder.event_name(self.cuda_event), recorder.stream_name(stream.cuda_stream))
+            recorder.on_wait(recorder.event_name(self.cuda_event), recorder.stream_name(_raw_handle(stream)))
 
     def event_sync(self: Any) -> None:
         event_synchronize(self)
@@ -440,7 +453,7 @@ def _patch_cuda_api() -> None:
         record(event, stream)
         wait(event, self)
         name = recorder.event_name(event.cuda_event)
-        recorder.on_record(name, recorder.stream_name(stream.cuda_stream))
+        recorder.on_record(name, recorder.stream_name(_raw_handle(stream)))
         recorder.on_wait(name, recorder.stream_name(self.cuda_stream))
 
     for cls, name, replacement in (
