@@ -4,8 +4,10 @@ Frontends report to the active `Recorder`:
 
 * torch ops through `TraceMode`, a `TorchDispatchMode`: read and write sets from the op's schema
   (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
-  are not accesses), the stream from the current stream;
-* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton`): arguments and the
+  are not accesses), the stream from the current stream; an op that writes only its arguments through the
+  C++ fast path (`racefuzz/trace/_fastpath.cpp`), which does what `launch_op` does with this recorder's
+  own containers (`fast_state`) and hands anything unusual back to its methods;
+* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.capture`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
   `torch.cuda.synchronize` (GPU, `racefuzz.trace.capture._patch_cuda_api`) and the ops that sync the host
@@ -15,7 +17,7 @@ Frontends report to the active `Recorder`:
   itself is a write of the whole block on the stream it was allocated on (the caching allocator may hand it
   to that stream's next allocation at once), so a use on another stream not ordered before the free is a
   race. (A storage's Python object lives exactly as long as the storage: torch preserves it while C++
-  holds the storage.)
+  holds the storage.) A storage seen at a new address was grown in place: its old block is freed then.
 
 Every launch gets an ordinal (its position among launches). The same step run twice launches the same
 sequence, so an ordinal names "the same launch" in the serialized reference run and in a fuzzed run:
