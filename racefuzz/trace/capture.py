@@ -117,7 +117,7 @@ def _torch_mode_class() -> type:
                 # Allocations count inside an opaque launch too (a launcher's own tensors can be freed and
                 # their blocks reused); an output on an input's storage is a view, not an allocation.
                 if info.allocates or (recorder.opaque and info.fresh_outputs):
-                    inputs = {t.untyped_storage().data_ptr() for t in _tensors(list(args))}
+                    inputs = _storage_ptrs(_tensors(list(args)))
                     for tensor in _tensors(out):
                         on_device = tensor.is_cuda or not recorder.on_gpu
                         if on_device and tensor.untyped_storage().data_ptr() not in inputs:
@@ -181,6 +181,15 @@ def _torch_mode_class() -> type:
 def _is_compute(func: Any) -> bool:
     """An op that returns fresh tensors (not views of its inputs)."""
     return not any(r.alias_info is not None for r in func._schema.returns)
+
+
+def _storage_ptrs(tensors: list[Any]) -> set[int]:
+    """The storage addresses of `tensors`, skipping any without a plain storage (sparse, nested)."""
+    ptrs = set()
+    for tensor in tensors:
+        with contextlib.suppress(RuntimeError, NotImplementedError):
+            ptrs.add(tensor.untyped_storage().data_ptr())
+    return ptrs
 
 
 def _tensors(value: Any) -> list[Any]:
