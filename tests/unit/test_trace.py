@@ -745,3 +745,62 @@ def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
         with env.use(side):
             launch_kernel("viewer", launcher, x=x)
     assert recorder._alloc_stream[x.untyped_storage().data_ptr()] == "default"
+
+
+class _FakeCudaTensor:
+    """What the sync rules read of a tensor, for the GPU cases this CPU cannot make."""
+
+    def __init__(self, cuda=True, numel=4, contiguous=True, dtype="f32", conj=False, neg=False, pinned=False):
+        self.is_cuda, self._numel, self._contiguous, self.dtype = cuda, numel, contiguous, dtype
+        self._conj, self._neg, self._pinned = conj, neg, pinned
+
+    def numel(self):
+        return self._numel
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def is_conj(self):
+        return self._conj
+
+    def is_neg(self):
+        return self._neg
+
+    def is_pinned(self):
+        return self._pinned
+
+
+def test_where_the_host_waits_in_a_copy_between_host_and_gpu(monkeypatch):
+    from racefuzz.trace import capture
+
+    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+    gpu, cpu = _FakeCudaTensor(), _FakeCudaTensor(cuda=False)
+
+    def copy_(dst, src, *, non_blocking=False, on_gpu=True):
+        return capture._syncs_in_copy((dst, src, non_blocking), {}, dst, on_gpu)
+
+    assert copy_(cpu, gpu) == "after"  # to the host: memcpy_and_sync is the last step
+    assert copy_(gpu, cpu) == "after"  # to the device, nothing after the copy
+    assert copy_(_FakeCudaTensor(contiguous=False), cpu) == "before"  # a kernel after the sync
+    assert copy_(_FakeCudaTensor(dtype="f16"), cpu) == "before"
+    assert copy_(gpu, _FakeCudaTensor(cuda=False, conj=True)) == "before"  # conj_physical_ after the sync
+    assert copy_(gpu, _FakeCudaTensor(cuda=False, neg=True)) == "before"
+    assert copy_(cpu, gpu, non_blocking=True) == ""  # never promised
+    assert copy_(_FakeCudaTensor(cuda=False, numel=0), _FakeCudaTensor(numel=0)) == ""  # copies nothing
+    assert copy_(gpu, _FakeCudaTensor()) == ""  # device to device
+    assert copy_(cpu, gpu, on_gpu=False) == ""  # a CPU run has no host/device copies
+    assert capture._syncs_in_copy((gpu,), {"non_blocking": True}, cpu, True) == ""  # `_to_copy`'s keyword
+
+
+def test_ops_that_count_sync_only_on_non_empty_device_tensors_in_a_gpu_run(monkeypatch):
+    from racefuzz.trace import capture
+
+    capture._torch_mode_class()  # sets the mask dtypes
+    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+    gpu, cpu, empty = _FakeCudaTensor(), _FakeCudaTensor(cuda=False), _FakeCudaTensor(numel=0)
+    mask, host_mask = _FakeCudaTensor(dtype=torch.bool), _FakeCudaTensor(cuda=False, dtype=torch.bool)
+    assert [capture._syncs_on_input((t,), {}, None, True) for t in (gpu, cpu, empty)] == ["before", "", ""]
+    assert capture._syncs_after_copy_out((gpu,), {}, None, True) == "after"
+    assert capture._syncs_after_copy_out((cpu,), {}, None, True) == ""
+    on_mask = [capture._syncs_on_mask((gpu, [None, index]), {}, None, True) for index in (mask, host_mask, gpu)]
+    assert on_mask == ["before", "", ""]  # a device boolean mask; not a host one, nor integer indices
