@@ -10,27 +10,14 @@ import gc
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from racefuzz.trace.capture import recording
 from racefuzz.trace.env import TraceEnv
+from racefuzz.trace.proof import _empty_mode_class
 from racefuzz.trace.recorder import Recorder
 
 OPS = 4000
-set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
-
-
-class Floor(TorchDispatchMode):
-    @classmethod
-    def _should_skip_dynamo(cls):
-        return False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        prior = set_eval_frame(None)
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            set_eval_frame(prior)
+Floor = _empty_mode_class()  # the proof's empty mode: Dynamo kept out as racefuzz's own mode does
 
 
 def ops_only(env, ops):
