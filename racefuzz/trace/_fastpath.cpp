@@ -14,8 +14,16 @@
 //   after the call (a strided view, an unknown storage) is handed to the recorder's own Python methods.
 #include <Python.h>
 #include <frameobject.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <unordered_map>
+#include <vector>
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "the fast path needs Python 3.11 or later (PyFrame_GetLasti); racefuzz.trace.fastpath skips it before"
@@ -242,9 +250,125 @@ bool off_device(PyObject* state, PyObject* tensor) {
   return PyTuple_GET_ITEM(state, ON_GPU) == Py_True && !THPVariable_Unpack(tensor).is_cuda();
 }
 
+// One op's recording between its collection and its trace op: the tensors it reads and writes, then the
+// stream and source line of its launch. Owns its references; released under the GIL.
+struct Pending {
+  PyObject* reads = nullptr;
+  PyObject* writes = nullptr;   // (slot, tensor) pairs, as `_after` takes them
+  PyObject* written = nullptr;  // the tensors alone
+  PyObject* stream = nullptr;
+  PyObject* source = nullptr;
+
+  bool init() {
+    reads = PyList_New(0);
+    writes = PyList_New(0);
+    written = PyList_New(0);
+    return reads != nullptr && writes != nullptr && written != nullptr;
+  }
+  void clear() {
+    Py_CLEAR(reads);
+    Py_CLEAR(writes);
+    Py_CLEAR(written);
+    Py_CLEAR(stream);
+    Py_CLEAR(source);
+  }
+};
+
+enum class Collected { OK, BAIL, ERROR };
+
+// `_schema_accesses` of one argument: `value` (a borrowed Python object) appended to `pending`'s reads or
+// writes. BAIL (no side effect) for a tensor list or a tensor off the GPU in a GPU run.
+Collected collect(PyObject* state, Pending& pending, PyObject* name, bool is_written, PyObject* value) {
+  if (THPVariable_Check(value)) {
+    if (off_device(state, value)) {
+      return Collected::BAIL;
+    }
+    int appended;
+    if (is_written) {
+      PyObject* pair = PyTuple_Pack(2, name, value);
+      appended = pair == nullptr ? -1 : PyList_Append(pending.writes, pair);
+      Py_XDECREF(pair);
+      appended = appended < 0 ? -1 : PyList_Append(pending.written, value);
+    } else {
+      appended = PyList_Append(pending.reads, value);
+    }
+    return appended < 0 ? Collected::ERROR : Collected::OK;
+  }
+  if (PyList_Check(value) || PyTuple_Check(value)) {
+    return Collected::BAIL;  // tensor lists: the Python path's `_tensors`
+  }
+  return Collected::OK;
+}
+
+// Before the launch of an op that writes: its stream and source line, then the planned delay. BAIL (no side
+// effect) for a stream not seen yet; ERROR with a Python exception.
+Collected begin(PyObject* state, Pending& pending) {
+  pending.stream = current_stream(state);
+  if (pending.stream == nullptr) {
+    return Collected::BAIL;
+  }
+  pending.source = user_source(state, PyEval_GetFrame());
+  if (pending.source == nullptr) {
+    return Collected::ERROR;
+  }
+  if (PyDict_GET_SIZE(PyTuple_GET_ITEM(state, DELAYS)) != 0) {
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_delay", "O", pending.stream);
+    if (none == nullptr) {
+      return Collected::ERROR;
+    }
+    Py_DECREF(none);
+  }
+  return Collected::OK;
+}
+
+// After the launch: its accesses, the `TraceLaunch` appended, the snapshots (`recorder._after`). False with a
+// Python exception.
+bool finish(PyObject* state, Pending& pending, PyObject* label) {
+  PyObject* write_access = accesses(state, pending.written, label);
+  if (write_access == nullptr) {
+    return false;
+  }
+  PyObject* read_access = accesses(state, pending.reads, label);
+  if (read_access == nullptr) {
+    Py_DECREF(write_access);
+    return false;
+  }
+  PyObject* ops = PyTuple_GET_ITEM(state, OPS);
+  PyObject* launch_ops = PyTuple_GET_ITEM(state, LAUNCH_OPS);
+  Py_ssize_t ordinal = PyList_GET_SIZE(launch_ops);
+  // The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
+  PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
+  PyObject* fields = index == nullptr ? nullptr
+                                      : PyTuple_Pack(8, index, pending.stream, label, PyTuple_GET_ITEM(state, KIND_TORCH),
+                                                     read_access, write_access, pending.source, Py_False);
+  Py_DECREF(read_access);
+  Py_DECREF(write_access);
+  PyObject* op = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
+  Py_XDECREF(fields);
+  bool appended = op != nullptr && PyList_Append(ops, op) == 0 && PyList_Append(launch_ops, index) == 0;
+  Py_XDECREF(op);
+  Py_XDECREF(index);
+  if (!appended) {
+    return false;
+  }
+  if (PyTuple_GET_ITEM(state, SNAPSHOTS_OR_SYNCS) == Py_True) {
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_after", "nO", ordinal, pending.writes);
+    if (none == nullptr) {
+      return false;
+    }
+    Py_DECREF(none);
+  }
+  return true;
+}
+
+bool valid_state(PyObject* state) {
+  return PyTuple_CheckExact(state) && PyTuple_GET_SIZE(state) == STATE_SIZE;
+}
+
+// The dispatch mode's entry: see the contract at the top.
 PyObject* launch_op_impl(PyObject* const* argv, Py_ssize_t nargs) {
-  if (nargs != 6 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != STATE_SIZE || !PyTuple_Check(argv[1]) ||
-      !PyTuple_Check(argv[4]) || !PyDict_Check(argv[5])) {
+  if (nargs != 6 || !valid_state(argv[0]) || !PyTuple_Check(argv[1]) || !PyTuple_Check(argv[4]) ||
+      !PyDict_Check(argv[5])) {
     PyErr_SetString(PyExc_TypeError, "launch_op(state, arguments, label, func, args, kwargs)");
     return nullptr;
   }
@@ -255,32 +379,19 @@ PyObject* launch_op_impl(PyObject* const* argv, Py_ssize_t nargs) {
   PyObject* args = argv[4];
   PyObject* kwargs = argv[5];
   PyObject* bail = PyTuple_GET_ITEM(state, BAIL);
-  PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
-
-  // `_schema_accesses`: (position, name, keyword-only, written) per tensor-holding argument.
-  PyObject* reads = PyList_New(0);
-  PyObject* writes = PyList_New(0);   // (slot, tensor) pairs, as `_after` takes them
-  PyObject* written = PyList_New(0);  // the tensors alone
-  if (reads == nullptr || writes == nullptr || written == nullptr) {
-    Py_XDECREF(reads);
-    Py_XDECREF(writes);
-    Py_XDECREF(written);
+  Pending pending;
+  if (!pending.init()) {
+    pending.clear();
     return nullptr;
   }
-  PyObject* result = nullptr;
-  PyObject* stream = nullptr;
-  PyObject* source = nullptr;
-  PyObject* read_access = nullptr;
-  PyObject* write_access = nullptr;
+  Collected collected = Collected::OK;
   Py_ssize_t count = PyTuple_GET_SIZE(args);
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arguments); ++k) {
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arguments) && collected == Collected::OK; ++k) {
     PyObject* spec = PyTuple_GET_ITEM(arguments, k);
     Py_ssize_t position = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 0));
     PyObject* name = PyTuple_GET_ITEM(spec, 1);
-    bool kwarg_only = PyTuple_GET_ITEM(spec, 2) == Py_True;
-    bool is_written = PyTuple_GET_ITEM(spec, 3) == Py_True;
     PyObject* value;
-    if (kwarg_only || position >= count) {
+    if (PyTuple_GET_ITEM(spec, 2) == Py_True || position >= count) {
       value = PyDict_GetItem(kwargs, name);
       if (value == nullptr) {
         continue;
@@ -288,106 +399,25 @@ PyObject* launch_op_impl(PyObject* const* argv, Py_ssize_t nargs) {
     } else {
       value = PyTuple_GET_ITEM(args, position);
     }
-    if (THPVariable_Check(value)) {
-      if (off_device(state, value)) {
-        result = bail;
-        break;
+    collected = collect(state, pending, name, PyTuple_GET_ITEM(spec, 3) == Py_True, value);
+  }
+  PyObject* result = nullptr;
+  if (collected == Collected::OK && PyList_GET_SIZE(pending.writes) == 0) {
+    result = PyObject_Call(func, args, kwargs);  // a view or metadata op: not a launch
+  } else if (collected == Collected::OK) {
+    collected = begin(state, pending);
+    if (collected == Collected::OK) {
+      result = PyObject_Call(func, args, kwargs);
+      if (result != nullptr && !finish(state, pending, label)) {
+        Py_CLEAR(result);
       }
-      int appended;
-      if (is_written) {
-        PyObject* pair = PyTuple_Pack(2, name, value);
-        appended = pair == nullptr ? -1 : PyList_Append(writes, pair);
-        Py_XDECREF(pair);
-        appended = appended < 0 ? -1 : PyList_Append(written, value);
-      } else {
-        appended = PyList_Append(reads, value);
-      }
-      if (appended < 0) {
-        goto done;  // no side effect yet: the error (out of memory) propagates
-      }
-    } else if (PyList_Check(value) || PyTuple_Check(value)) {
-      result = bail;  // tensor lists: the Python path's `_tensors`
-      break;
     }
   }
-  if (result == bail) {
-    Py_INCREF(bail);
-    goto done;
-  }
-  if (PyList_GET_SIZE(writes) == 0) {
-    result = PyObject_Call(func, args, kwargs);  // a view or metadata op: not a launch
-    goto done;
-  }
-  stream = current_stream(state);
-  if (stream == nullptr) {
+  if (collected == Collected::BAIL) {
     Py_INCREF(bail);
     result = bail;
-    goto done;
   }
-  {
-    PyFrameObject* frame = PyEval_GetFrame();
-    source = user_source(state, frame);
-    if (source == nullptr) {
-      goto done;
-    }
-  }
-  if (PyDict_GET_SIZE(PyTuple_GET_ITEM(state, DELAYS)) != 0) {
-    PyObject* none = PyObject_CallMethod(recorder, "_delay", "O", stream);
-    if (none == nullptr) {
-      goto done;
-    }
-    Py_DECREF(none);
-  }
-  result = PyObject_Call(func, args, kwargs);
-  if (result == nullptr) {
-    goto done;
-  }
-  write_access = accesses(state, written, label);
-  if (write_access == nullptr) {
-    Py_CLEAR(result);
-    goto done;
-  }
-  read_access = accesses(state, reads, label);
-  if (read_access == nullptr) {
-    Py_CLEAR(result);
-    goto done;
-  }
-  {
-    PyObject* ops = PyTuple_GET_ITEM(state, OPS);
-    PyObject* launch_ops = PyTuple_GET_ITEM(state, LAUNCH_OPS);
-    Py_ssize_t ordinal = PyList_GET_SIZE(launch_ops);
-    // The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
-    PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
-    PyObject* fields = index == nullptr ? nullptr
-                                        : PyTuple_Pack(8, index, stream, label, PyTuple_GET_ITEM(state, KIND_TORCH),
-                                                       read_access, write_access, source, Py_False);
-    PyObject* op = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
-    Py_XDECREF(fields);
-    if (op == nullptr || PyList_Append(ops, op) < 0 || PyList_Append(launch_ops, index) < 0) {
-      Py_XDECREF(op);
-      Py_XDECREF(index);
-      Py_CLEAR(result);
-      goto done;
-    }
-    Py_DECREF(op);
-    Py_DECREF(index);
-    if (PyTuple_GET_ITEM(state, SNAPSHOTS_OR_SYNCS) == Py_True) {
-      PyObject* none = PyObject_CallMethod(recorder, "_after", "nO", ordinal, writes);
-      if (none == nullptr) {
-        Py_CLEAR(result);
-        goto done;
-      }
-      Py_DECREF(none);
-    }
-  }
-done:
-  Py_DECREF(reads);
-  Py_DECREF(writes);
-  Py_DECREF(written);
-  Py_XDECREF(stream);
-  Py_XDECREF(source);
-  Py_XDECREF(read_access);
-  Py_XDECREF(write_access);
+  pending.clear();
   return result;
 }
 
@@ -404,14 +434,289 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
   return nullptr;
 }
 
+// ---- The dispatcher entry -------------------------------------------------------------------------------
+//
+// A torch dispatch mode costs every op a round trip through Python (the op's arguments boxed into Python
+// objects, `__torch_dispatch__`, the op called again from Python, its result unboxed): 7-9 us an op, more
+// than everything else the recorder does. So while a recording is on, an op that writes only its arguments
+// is recorded before it reaches the mode: by a boxed fallback on a dispatch key that `begin()` adds to the
+// recording thread's included keys, above every other key. It records the op as `launch_op` does and runs
+// it below the Python keys, so the mode never sees it; every other op (and every op the checks below turn
+// away) goes on to the mode exactly as without it. torch has no dispatch key for out-of-tree tools above
+// autograd: racefuzz borrows `TESTING_ONLY_GenericMode`, which torch itself registers nothing on (its
+// only use is torch's own C++ tests) and which is included on the recording thread only while recording.
+//
+// Taken only when (checked under the GIL, per op): a recording begun on this thread is the innermost, its
+// mode is still the top of torch's mode stack (no mode pushed inside the step), the recorder is neither
+// paused nor inside an opaque launch, the op is not CompositeImplicitAutograd (the mode sees such an op's
+// decomposition, which the fallback then leaves to it), the Python helper set by `set_op_info` says the op
+// is one the fast path records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the
+// recording's device (no tensor subclass, no functorch wrapper, no tensor list). The op then runs with the
+// mode's keys excluded for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
+
+constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+c10::DispatchKeySet quiet_keys() {
+  // The fallback's own key and the mode's: what an op the fallback records, and the recorder's own Python
+  // helpers it calls, run without.
+  return c10::DispatchKeySet({kTraceKey, c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+}
+
+c10::DispatchKeySet wrapper_keys() {
+  // A tensor with any of these is not a plain tensor: its op is left to the mode.
+  return c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                              c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                              c10::DispatchKey::Batched, c10::DispatchKey::BatchedNestedTensor,
+                              c10::DispatchKey::Functionalize});
+}
+
+struct Scope {
+  PyObject* state;  // a reference held from `begin` to `end`
+  unsigned long thread;
+  int64_t modes;      // torch's mode stack length when it began: the recording's mode is the top
+  bool was_included;  // the key's state on that thread before
+};
+
+std::vector<Scope> scopes;  // guarded by the GIL
+PyObject* op_info_helper = nullptr;
+
+struct KnownOp {
+  c10::OperatorName name;
+  PyObject* info;  // (arguments, label) or None: a reference held for the process
+};
+std::unordered_map<const c10::FunctionSchema*, KnownOp> known_ops;  // guarded by the GIL
+
+// The fast-path info of `op` (borrowed: (arguments, label), or None for an op the fallback leaves to the
+// mode), cached per op; nullptr with a Python exception.
+PyObject* op_info(const c10::OperatorHandle& op) {
+  if (!op.hasSchema()) {
+    return Py_None;
+  }
+  const c10::FunctionSchema* key = &op.schema();
+  auto found = known_ops.find(key);
+  if (found != known_ops.end() && found->second.name == op.operator_name()) {
+    return found->second.info;
+  }
+  PyObject* info;
+  if (op_info_helper == nullptr || op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    info = Py_None;
+    Py_INCREF(info);
+  } else {
+    const c10::OperatorName& name = op.operator_name();
+    info = PyObject_CallFunction(op_info_helper, "ss", name.name.c_str(), name.overload_name.c_str());
+    if (info == nullptr) {
+      return nullptr;
+    }
+  }
+  if (found != known_ops.end()) {
+    Py_DECREF(found->second.info);  // another op now at that schema's address
+    known_ops.erase(found);
+  }
+  known_ops.emplace(key, KnownOp{op.operator_name(), info});
+  return info;
+}
+
+// The GIL, held for the scope (re-entrant: the dispatcher is reached with or without it).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+
+[[noreturn]] void raise_python_error() {
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+enum class Route { MODE, UNRECORDED, RECORDED };
+
+// Under the GIL, the fallback's keys excluded: which way `op` goes; for RECORDED, `pending` collected and
+// begun (the delay applied). Throws the Python error a helper raised.
+Route route(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pending& pending, PyObject*& state,
+            PyObject*& label) {
+  if (scopes.empty()) {
+    return Route::MODE;
+  }
+  const Scope& scope = scopes.back();
+  if (scope.thread != PyThread_get_thread_ident() || c10::impl::TorchDispatchModeTLS::stack_len() != scope.modes) {
+    return Route::MODE;
+  }
+  state = scope.state;
+  PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
+  for (const char* busy : {"paused", "opaque"}) {
+    PyObject* value = PyObject_GetAttrString(recorder, busy);
+    if (value == nullptr) {
+      raise_python_error();
+    }
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    if (truth != 0) {
+      if (truth < 0) {
+        raise_python_error();
+      }
+      return Route::MODE;
+    }
+  }
+  PyObject* info = op_info(op);
+  if (info == nullptr) {
+    raise_python_error();
+  }
+  if (info == Py_None) {
+    return Route::MODE;
+  }
+  PyObject* arguments = PyTuple_GET_ITEM(info, 0);
+  label = PyTuple_GET_ITEM(info, 1);
+  const size_t count = op.schema().arguments().size();
+  if (stack->size() < count) {
+    return Route::MODE;
+  }
+  const size_t base = stack->size() - count;
+  const bool on_gpu = PyTuple_GET_ITEM(state, ON_GPU) == Py_True;
+  if (!pending.init()) {
+    raise_python_error();
+  }
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(arguments); ++k) {
+    PyObject* spec = PyTuple_GET_ITEM(arguments, k);
+    const c10::IValue& value = (*stack)[base + PyLong_AsSize_t(PyTuple_GET_ITEM(spec, 0))];
+    if (value.isNone()) {
+      continue;
+    }
+    if (!value.isTensor()) {
+      return Route::MODE;  // a tensor list (or an `Any` holding something else)
+    }
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined() || tensor.unsafeGetTensorImpl()->is_wrapped_number()) {
+      continue;  // a Python number the binding wrapped (`x.add_(1)`): the mode is handed the number itself
+    }
+    if (tensor.layout() != c10::kStrided || tensor.key_set().has_any(wrapper_keys()) ||
+        (on_gpu ? !tensor.is_cuda() : !tensor.is_cpu())) {
+      return Route::MODE;
+    }
+    PyObject* wrapped = THPVariable_Wrap(tensor);
+    if (wrapped == nullptr) {
+      raise_python_error();
+    }
+    Collected collected = collect(state, pending, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 3) == Py_True, wrapped);
+    Py_DECREF(wrapped);
+    if (collected != Collected::OK) {
+      if (collected == Collected::ERROR) {
+        raise_python_error();
+      }
+      return Route::MODE;
+    }
+  }
+  if (PyList_GET_SIZE(pending.writes) == 0) {
+    return Route::UNRECORDED;  // a view or metadata op: not a launch (nor anything the mode records)
+  }
+  Collected begun = begin(state, pending);
+  if (begun == Collected::ERROR) {
+    raise_python_error();
+  }
+  return begun == Collected::OK ? Route::RECORDED : Route::MODE;
+}
+
+void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTraceKey);
+  Pending pending;
+  PyObject* state = nullptr;  // borrowed: held by the scope until `end`, which cannot run before this returns
+  PyObject* label = nullptr;  // borrowed: held by `known_ops` for the process
+  Route way = Route::MODE;
+  try {
+    Gil gil;
+    c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
+    way = route(op, stack, pending, state, label);
+    if (way != Route::RECORDED) {
+      pending.clear();
+    }
+  } catch (...) {
+    Gil gil;
+    pending.clear();
+    throw;
+  }
+  if (way == Route::MODE) {
+    c10::impl::ExcludeDispatchKeyGuard itself(kTraceKey);
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  try {
+    c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
+    op.redispatchBoxed(below - quiet_keys(), stack);
+  } catch (...) {
+    Gil gil;
+    pending.clear();
+    throw;
+  }
+  if (way == Route::UNRECORDED) {
+    return;
+  }
+  Gil gil;
+  c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
+  bool finished = finish(state, pending, label);
+  pending.clear();
+  if (!finished) {
+    raise_python_error();
+  }
+}
+
+// `begin(state)`: record the fast ops of the recording that `state` (`Recorder.fast_state()`) is of, on this
+// thread, from now until the matching `end()`; the recording's mode must be the top of torch's mode stack.
+PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
+  if (!valid_state(state)) {
+    PyErr_SetString(PyExc_TypeError, "begin(state): a Recorder.fast_state() tuple");
+    return nullptr;
+  }
+  try {
+    Py_INCREF(state);
+    scopes.push_back(Scope{state, PyThread_get_thread_ident(), c10::impl::TorchDispatchModeTLS::stack_len(),
+                           c10::impl::tls_is_dispatch_key_included(kTraceKey)});
+    c10::impl::tls_set_dispatch_key_included(kTraceKey, true);
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// `end()`: the innermost `begin` on this thread ends; the key's earlier state there is restored.
+PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
+  if (scopes.empty() || scopes.back().thread != PyThread_get_thread_ident()) {
+    PyErr_SetString(PyExc_RuntimeError, "end(): no recording begun on this thread");
+    return nullptr;
+  }
+  Scope scope = scopes.back();
+  scopes.pop_back();
+  c10::impl::tls_set_dispatch_key_included(kTraceKey, scope.was_included);
+  Py_DECREF(scope.state);
+  Py_RETURN_NONE;
+}
+
+// `set_op_info(helper)`: `helper(name, overload)` gives an op's (arguments, label) if the fast path
+// records it, else None (`racefuzz.trace.capture._dispatcher_op_info`); asked once per op.
+PyObject* set_op_info(PyObject* /*module*/, PyObject* helper) {
+  Py_INCREF(helper);
+  Py_XSETREF(op_info_helper, helper);
+  for (auto& known : known_ops) {
+    Py_DECREF(known.second.info);
+  }
+  known_ops.clear();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"launch_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch_op)), METH_FASTCALL,
      "The recorder's fast path for an op that writes only its arguments (see the source's contract)."},
+    {"begin", begin_recording, METH_O, "Record fast ops below the dispatch mode on this thread (see the source)."},
+    {"end", end_recording, METH_NOARGS, "End the innermost `begin` on this thread."},
+    {"set_op_info", set_op_info, METH_O, "The Python helper saying which ops the fast path records."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "racefuzz_trace_fastpath", nullptr, -1, methods};
 
 }  // namespace
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
+}
 
 PyMODINIT_FUNC PyInit_racefuzz_trace_fastpath() {
   return PyModule_Create(&module);

@@ -78,9 +78,10 @@ def _torch_mode_class() -> type:
         def __init__(self, recorder: Recorder) -> None:
             super().__init__()
             self.recorder = recorder
-            self.launch_op = fastpath.launch_op()
+            self.fastpath = fastpath.load()
+            self.launch_op = self.fastpath.launch_op if self.fastpath is not None else None
             self.bail = object()
-            self.fast_state = recorder.fast_state(self.bail) if self.launch_op is not None else None
+            self.fast_state = recorder.fast_state(self.bail) if self.fastpath is not None else None
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -530,12 +531,45 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     _ACTIVE.append(recorder)
     try:
         with mode:
-            yield recorder
+            if mode.fastpath is None:
+                yield recorder
+            else:
+                _dispatcher_fast_path(mode.fastpath)
+                mode.fastpath.begin(mode.fast_state)  # the in-place and `out=` ops, before they reach the mode
+                try:
+                    yield recorder
+                finally:
+                    mode.fastpath.end()
     finally:
         _ACTIVE.remove(recorder)
         recorder.active = False
         if freeze:
             gc.unfreeze()
+
+
+_DISPATCHER_HELPER_SET = False
+
+
+def _dispatcher_fast_path(module: Any) -> None:
+    """Tell the C++ fast path's dispatcher entry which ops it records (once per process)."""
+    global _DISPATCHER_HELPER_SET
+    if not _DISPATCHER_HELPER_SET:
+        module.set_op_info(_dispatcher_op_info)
+        _DISPATCHER_HELPER_SET = True
+
+
+def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str] | None:
+    """For the C++ fast path's dispatcher entry, asked once per op (`aten::add_`, `Tensor`): the op's
+    `(arguments, label)` if it is one the fast path records (`_OpInfo.fast`), else None."""
+    import torch
+
+    namespace, _, op_name = name.partition("::")
+    try:
+        func = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+    info = _OP_INFO.get(func) or _op_info(func)
+    return (info.arguments, info.label) if info.fast else None
 
 
 __all__ = ["HOST", "active", "recording"]

@@ -1,13 +1,15 @@
 """The recorder's C++ fast path (`_fastpath.cpp`): compiled on first use, once per torch and Python version.
 
-`launch_op()` gives the compiled `launch_op(state, arguments, label, func, args, kwargs)` the dispatch mode
-calls for an op that writes only its arguments (see the C++ source's contract), or None where it cannot be
-had: Python before 3.11, no C++ compiler or ninja, `RACEFUZZ_TRACE_FASTPATH=0`. Recording then takes the
-Python path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly;
-why is said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default
-`~/.cache/racefuzz`), one directory per torch and Python version; concurrent processes (pytest-xdist
-workers) wait for one build through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a
-killed build's and is removed first.
+`load()` gives the compiled module, or None where it cannot be had: Python before 3.11, no C++ compiler or
+ninja, `RACEFUZZ_TRACE_FASTPATH=0`. It records an op that writes only its arguments (an in-place or `out=`
+op) two ways: below torch's dispatcher, before the op reaches the dispatch mode (`begin`/`end`, which
+`racefuzz.trace.capture.recording` brackets a recording with), and, for such an op that does reach the mode
+(one a composite op decomposed into), from the mode (`launch_op`). Recording without it takes the Python
+path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly; why is
+said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default `~/.cache/racefuzz`),
+one directory per torch and Python version; concurrent processes (pytest-xdist workers) wait for one build
+through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a killed build's and is
+removed first.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 ENV = "RACEFUZZ_TRACE_FASTPATH"
@@ -24,8 +25,8 @@ ENV = "RACEFUZZ_TRACE_FASTPATH"
 NAME = "racefuzz_trace_fastpath"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fastpath.cpp")
 
-_loaded: list[Callable[..., Any] | None] = []
-"""The loaded function (or None, with the reason said), once tried."""
+_loaded: list[Any] = []
+"""The loaded module (or None, with the reason said), once tried."""
 
 
 def build_directory() -> str:
@@ -36,14 +37,15 @@ def build_directory() -> str:
     return os.path.join(cache, "racefuzz", f"fastpath-{version}")
 
 
-def launch_op() -> Callable[..., Any] | None:
-    """The compiled fast path, built and loaded on the first call; None if it is off or cannot be built."""
+def load() -> Any | None:
+    """The compiled module (`launch_op`, `begin`, `end`, `set_op_info`), built and loaded on the first call;
+    None if it is off or cannot be built."""
     if not _loaded:
         _loaded.append(_load())
     return _loaded[0]
 
 
-def _load() -> Callable[..., Any] | None:
+def _load() -> Any | None:
     if os.environ.get(ENV, "1") == "0":
         return None
     if sys.version_info < (3, 11):
@@ -63,7 +65,7 @@ def _load() -> Callable[..., Any] | None:
     except Exception as error:  # no compiler, no ninja, a torch without headers: record in Python
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return _unavailable(f"{type(error).__name__}: {first}")
-    return module.launch_op
+    return module
 
 
 STALE_LOCK_S = 600

@@ -12,7 +12,7 @@ from racefuzz.trace import fastpath  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
-if fastpath.launch_op() is None:  # compiled once per torch and Python version (10-60 s)
+if fastpath.load() is None:  # compiled once per torch and Python version (10-60 s)
     pytest.skip(
         "the C++ fast path cannot be built here (Python < 3.11, no compiler or ninja; see stderr)",
         allow_module_level=True,
@@ -62,7 +62,7 @@ def storage_step(env):
 def record(step, fast: bool, monkeypatch, **options):
     with monkeypatch.context() as patch:
         if not fast:
-            patch.setattr(fastpath, "launch_op", lambda: None)
+            patch.setattr(fastpath, "load", lambda: None)
         return run_once(step, "cpu", **options)
 
 
@@ -111,6 +111,91 @@ def test_the_fast_path_records_in_place_ops_without_the_python_launch(monkeypatc
     ]
 
 
+def mode_calls(monkeypatch) -> list[str]:
+    """The ops that reach racefuzz's dispatch mode from now on (its `__torch_dispatch__` counted)."""
+    from racefuzz.trace.capture import _torch_mode_class
+
+    mode_class, calls = _torch_mode_class(), []
+    original = mode_class.__torch_dispatch__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        calls.append(str(func))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(mode_class, "__torch_dispatch__", counted)
+    return calls
+
+
+def test_in_place_ops_are_recorded_below_the_dispatch_mode(monkeypatch):
+    calls = mode_calls(monkeypatch)
+    record(table_step, True, monkeypatch)
+    # Recorded by the dispatcher entry, they never reach the mode: nor do the views the step takes.
+    assert not {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.slice.Tensor"} & set(calls)
+    assert "aten.cat.out" in calls and "aten.sum.dim_IntList" in calls  # a tensor list; a fresh output
+    fast_calls = list(calls)
+    calls.clear()
+    record(table_step, False, monkeypatch)
+    assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.slice.Tensor"} <= set(calls)
+    assert len(fast_calls) < len(calls)
+
+
+def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def step(env):
+        with Counting():
+            return table_step(env)
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    # The user's mode is above racefuzz's: the dispatcher entry leaves every op to the modes.
+    assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= set(seen)
+
+
+def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
+    import threading
+
+    def step(env):
+        side = torch.zeros(8)
+        # The worker takes the recording thread's dispatch keys, as torch's own worker threads (autograd's)
+        # take a thread's local state: the dispatcher entry's key among them, racefuzz's mode not.
+        keys = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+
+        def work():
+            with torch._C._ForceDispatchKeyGuard(*keys):
+                side.add_(1)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        out = torch.zeros(8)
+        out.add_(side)
+        return {"out": out}
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    assert [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"].count("aten.add_.Tensor") == 1
+
+
+def test_an_error_in_the_recorder_under_the_dispatcher_entry_reaches_the_step(monkeypatch):
+    def failing(self, stream):
+        raise ValueError("the recorder's delay failed")
+
+    monkeypatch.setattr(Recorder, "_delay", failing)
+    with pytest.raises(ValueError, match="the recorder's delay failed"):
+        record(table_step, True, monkeypatch, delays={("schedule", 0): 1.0})
+    # The recording was ended cleanly: the next one records as before.
+    monkeypatch.undo()
+    assert record(table_step, True, monkeypatch).trace.ops == record(table_step, False, monkeypatch).trace.ops
+
+
 def test_delays_on_the_cpu_are_applied_and_recorded_by_both_paths(monkeypatch):
     delays = {("schedule", 1): 100.0, ("plan", 0): 50.0}
     fast = record(table_step, True, monkeypatch, delays=delays)
@@ -122,12 +207,12 @@ def test_without_the_fast_path_recording_says_why_once(monkeypatch, capsys):
     monkeypatch.setattr(fastpath, "_loaded", [])
     monkeypatch.setattr(fastpath, "SOURCE", "/nonexistent/_fastpath.cpp")
     monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-cache-dir-for-racefuzz")
-    assert fastpath.launch_op() is None and fastpath.launch_op() is None
+    assert fastpath.load() is None and fastpath.load() is None
     err = capsys.readouterr().err
     assert err.count("fast path is unavailable") == 1 and "RACEFUZZ_TRACE_FASTPATH=0" in err
     monkeypatch.setattr(fastpath, "_loaded", [])
     monkeypatch.setenv(fastpath.ENV, "0")
-    assert fastpath.launch_op() is None and capsys.readouterr().err == ""
+    assert fastpath.load() is None and capsys.readouterr().err == ""
 
 
 def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
