@@ -22,6 +22,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -712,12 +713,27 @@ PyMethodDef methods[] = {
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "racefuzz_trace_fastpath", nullptr, -1, methods};
 
+// The fallback's registration, made when the module is imported (not by a static initializer: a key
+// already taken would then abort the process instead of failing the import, which `fastpath.load` reports
+// and records without the fast path).
+std::unique_ptr<torch::Library> registration;
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
-}
-
 PyMODINIT_FUNC PyInit_racefuzz_trace_fastpath() {
+  if (registration == nullptr) {
+    try {
+      if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kTraceKey)) {
+        PyErr_SetString(PyExc_ImportError, "torch's dispatch key TESTING_ONLY_GenericMode is already taken");
+        return nullptr;
+      }
+      auto library = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kTraceKey, __FILE__, __LINE__);
+      library->fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>());
+      registration = std::move(library);
+    } catch (const std::exception& error) {
+      PyErr_SetString(PyExc_ImportError, error.what());
+      return nullptr;
+    }
+  }
   return PyModule_Create(&module);
 }
