@@ -215,6 +215,27 @@ def test_without_the_fast_path_recording_says_why_once(monkeypatch, capsys):
     assert fastpath.load() is None and capsys.readouterr().err == ""
 
 
+def test_a_dispatch_key_already_taken_fails_the_load_not_the_process():
+    import subprocess
+    import sys
+
+    # A fresh process: a fallback registered on a key stays for the process's life.
+    script = """
+import torch
+taken = torch.library.Library("_", "IMPL", "TESTING_ONLY_GenericMode")  # held: dropped, it deregisters
+taken.fallback(lambda *args, **kwargs: None)
+from racefuzz.trace import fastpath
+from racefuzz.trace.example import racy_step
+from racefuzz.trace.search import run_once
+assert fastpath.load() is None
+print(len(run_once(racy_step, "cpu").trace.ops), "ops recorded")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "ops recorded" in out.stdout
+    assert "dispatch key TESTING_ONLY_GenericMode is already taken" in out.stderr
+
+
 def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path, capsys):
     import os
     import time
