@@ -450,7 +450,7 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // Taken only when (checked under the GIL, per op): a recording begun on this thread is the innermost, its
 // mode is still the top of torch's mode stack (no mode pushed inside the step), the recorder is neither
 // paused nor inside an opaque launch, the op is not CompositeImplicitAutograd (the mode sees such an op's
-// decomposition, which the fallback then leaves to it), the Python helper set by `set_op_info` says the op
+// decomposition, which the fallback then leaves to it), the Python helper set by `configure` says the op
 // is one the fast path records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the
 // recording's device (no tensor subclass, no functorch wrapper, no tensor list). The op then runs with the
 // mode's keys excluded for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
@@ -480,6 +480,25 @@ struct Scope {
 
 std::vector<Scope> scopes;  // guarded by the GIL
 PyObject* op_info_helper = nullptr;
+PyObject* set_eval_frame = nullptr;  // `torch._C._dynamo.eval_frame.set_eval_frame`
+
+// Dynamo's frame callback off for the scope (under the GIL), as the dispatch mode keeps it off in its own
+// frames: the recorder's Python helpers this entry calls must not be traced by a `torch.compile` whose
+// compiled code issued the op. `failed` with a Python exception if it could not be turned off.
+struct NoDynamo {
+  PyObject* prior = set_eval_frame == nullptr ? nullptr : PyObject_CallOneArg(set_eval_frame, Py_None);
+  bool failed = set_eval_frame != nullptr && prior == nullptr;
+  ~NoDynamo() {
+    if (prior != nullptr) {
+      PyObject* none = PyObject_CallOneArg(set_eval_frame, prior);
+      if (none == nullptr) {
+        PyErr_WriteUnraisable(set_eval_frame);  // a destructor cannot raise; never seen
+      }
+      Py_XDECREF(none);
+      Py_DECREF(prior);
+    }
+  }
+};
 
 struct KnownOp {
   c10::OperatorName name;
@@ -557,6 +576,10 @@ Route route(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pending& pe
       }
       return Route::MODE;
     }
+  }
+  NoDynamo no_dynamo;
+  if (no_dynamo.failed) {
+    raise_python_error();
   }
   PyObject* info = op_info(op);
   if (info == nullptr) {
@@ -652,7 +675,11 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   }
   Gil gil;
   c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
-  bool finished = finish(state, pending, label);
+  bool finished;
+  {
+    NoDynamo no_dynamo;
+    finished = !no_dynamo.failed && finish(state, pending, label);
+  }
   pending.clear();
   if (!finished) {
     raise_python_error();
@@ -691,11 +718,19 @@ PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
-// `set_op_info(helper)`: `helper(name, overload)` gives an op's (arguments, label) if the fast path
-// records it, else None (`racefuzz.trace.capture._dispatcher_op_info`); asked once per op.
-PyObject* set_op_info(PyObject* /*module*/, PyObject* helper) {
-  Py_INCREF(helper);
-  Py_XSETREF(op_info_helper, helper);
+// `configure(helper, set_eval_frame)`: `helper(name, overload)` gives an op's (arguments, label) if the fast
+// path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once per op);
+// `set_eval_frame` is Dynamo's (`torch._C._dynamo.eval_frame.set_eval_frame`), or None.
+PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "configure(helper, set_eval_frame)");
+    return nullptr;
+  }
+  Py_INCREF(argv[0]);
+  Py_XSETREF(op_info_helper, argv[0]);
+  PyObject* dynamo = argv[1] == Py_None ? nullptr : argv[1];
+  Py_XINCREF(dynamo);
+  Py_XSETREF(set_eval_frame, dynamo);
   for (auto& known : known_ops) {
     Py_DECREF(known.second.info);
   }
@@ -708,7 +743,8 @@ PyMethodDef methods[] = {
      "The recorder's fast path for an op that writes only its arguments (see the source's contract)."},
     {"begin", begin_recording, METH_O, "Record fast ops below the dispatch mode on this thread (see the source)."},
     {"end", end_recording, METH_NOARGS, "End the innermost `begin` on this thread."},
-    {"set_op_info", set_op_info, METH_O, "The Python helper saying which ops the fast path records."},
+    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
+     "The Python helper saying which ops the fast path records, and Dynamo's set_eval_frame."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "racefuzz_trace_fastpath", nullptr, -1, methods};

@@ -554,7 +554,7 @@ def _dispatcher_fast_path(module: Any) -> None:
     """Tell the C++ fast path's dispatcher entry which ops it records (once per process)."""
     global _DISPATCHER_HELPER_SET
     if not _DISPATCHER_HELPER_SET:
-        module.set_op_info(_dispatcher_op_info)
+        module.configure(_dispatcher_op_info, _set_eval_frame)
         _DISPATCHER_HELPER_SET = True
 
 

@@ -38,7 +38,7 @@ def build_directory() -> str:
 
 
 def load() -> Any | None:
-    """The compiled module (`launch_op`, `begin`, `end`, `set_op_info`), built and loaded on the first call;
+    """The compiled module (`launch_op`, `begin`, `end`, `configure`), built and loaded on the first call;
     None if it is off or cannot be built."""
     if not _loaded:
         _loaded.append(_load())

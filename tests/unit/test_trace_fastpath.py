@@ -196,6 +196,30 @@ def test_an_error_in_the_recorder_under_the_dispatcher_entry_reaches_the_step(mo
     assert record(table_step, True, monkeypatch).trace.ops == record(table_step, False, monkeypatch).trace.ops
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Dynamo on the Python path's mode frames
+def test_a_torch_compiled_function_in_the_step_is_recorded_by_both_paths_alike(monkeypatch):
+    @torch.compile(backend="eager")  # Dynamo's frame callback is on while the compiled code issues ops
+    def bump(x, y):
+        x.add_(1)
+        y.mul_(x)
+        return y
+
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        x, y = torch.zeros(16), torch.ones(16)
+        with env.use(side):
+            bump(x, y)
+        return {"y": y}
+
+    delays = {("side", 0): 10.0, ("side", 1): 10.0}  # the recorder's Python `_delay` runs from the fast path
+    fast, slow = record(step, True, monkeypatch, delays=delays), record(step, False, monkeypatch, delays=delays)
+    assert fast.trace.ops == slow.trace.ops and fast.delays_applied == slow.delays_applied
+    launches = [(op.kernel, op.stream) for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert ("aten.add_.Tensor", "side") in launches and ("aten.mul_.Tensor", "side") in launches
+    assert len(fast.delays_applied) == 2
+
+
 def test_delays_on_the_cpu_are_applied_and_recorded_by_both_paths(monkeypatch):
     delays = {("schedule", 1): 100.0, ("plan", 0): 50.0}
     fast = record(table_step, True, monkeypatch, delays=delays)
