@@ -448,7 +448,8 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // only use is torch's own C++ tests) and which is included on the recording thread only while recording.
 //
 // Taken only when (checked under the GIL, per op): a recording begun on this thread is the innermost, its
-// mode is still the top of torch's mode stack (no mode pushed inside the step), the recorder is neither
+// mode is still the top of torch's mode stack (no mode pushed inside the step), the op would reach the mode
+// (torch has not excluded the mode's key, as it does inside `torch.tensor`), the recorder is neither
 // paused nor inside an opaque launch, the op is not CompositeImplicitAutograd (the mode sees such an op's
 // decomposition, which the fallback then leaves to it), the Python helper set by `configure` says the op
 // is one the fast path records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the
@@ -552,14 +553,17 @@ enum class Route { MODE, UNRECORDED, RECORDED };
 
 // Under the GIL, the fallback's keys excluded: which way `op` goes; for RECORDED, `pending` collected and
 // begun (the delay applied). Throws the Python error a helper raised.
-Route route(const c10::OperatorHandle& op, torch::jit::Stack* stack, Pending& pending, PyObject*& state,
-            PyObject*& label) {
+Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, Pending& pending,
+            PyObject*& state, PyObject*& label) {
   if (scopes.empty()) {
     return Route::MODE;
   }
   const Scope& scope = scopes.back();
   if (scope.thread != PyThread_get_thread_ident() || c10::impl::TorchDispatchModeTLS::stack_len() != scope.modes) {
     return Route::MODE;
+  }
+  if (!keys.has(c10::DispatchKey::Python)) {
+    return Route::MODE;  // torch excluded the mode's key here (inside `torch.tensor`, `_DisableTorchDispatch`)
   }
   state = scope.state;
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
@@ -648,7 +652,7 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   try {
     Gil gil;
     c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
-    way = route(op, stack, pending, state, label);
+    way = route(op, keys, stack, pending, state, label);
     if (way != Route::RECORDED) {
       pending.clear();
     }

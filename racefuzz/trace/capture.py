@@ -64,12 +64,13 @@ _set_eval_frame: Any = None
 
 @functools.cache
 def _torch_mode_class() -> type:
-    global _Tensor, _set_eval_frame, _MASK_DTYPES
+    global _Tensor, _set_eval_frame, _MASK_DTYPES, _INPLACE_VIEW
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _Tensor = torch.Tensor
     _MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+    _INPLACE_VIEW = torch.Tag.inplace_view
     _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
     class TraceMode(TorchDispatchMode):
@@ -246,7 +247,10 @@ def _op_info(func: Any) -> _OpInfo:
         sync = _syncs_on_mask
     elif name in ("_to_copy", "copy_"):
         sync = _syncs_in_copy
-    fresh_outputs, not_access = _is_compute(func), name in _NOT_ACCESSES
+    # An in-place view op (`detach_`, `unsqueeze_`, `as_strided_`: torch's `inplace_view` tag) declares a write
+    # of `self` but changes only its metadata: no launch, no access.
+    fresh_outputs = _is_compute(func)
+    not_access = name in _NOT_ACCESSES or _INPLACE_VIEW in getattr(func, "tags", ())
     fast = not fresh_outputs and not not_access and sync is None
     call = getattr(func, "_op", func)
     info = _OpInfo(name, str(func), arguments, fresh_outputs, not_access, name in _ALLOCATING, sync, fast, call)
@@ -343,6 +347,8 @@ def _syncs_in_copy(args: tuple, kwargs: dict, out: Any, on_gpu: bool) -> str:
 
 _MASK_DTYPES: frozenset[Any] = frozenset()
 """`torch.bool`, `torch.uint8`: set when the mode class is made."""
+_INPLACE_VIEW: Any = None
+"""`torch.Tag.inplace_view`: set when the mode class is made."""
 
 
 def _gpu_recorder() -> Recorder | None:

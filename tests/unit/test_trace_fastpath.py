@@ -159,6 +159,29 @@ def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeyp
     assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= set(seen)
 
 
+def test_metadata_ops_and_ops_torch_hides_from_the_mode_are_no_launches_on_either_path(monkeypatch):
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        with env.use(side):
+            rows = torch.tensor([1, 2])  # torch makes it with the mode's key excluded (a `detach_` inside)
+            table = torch.zeros(4, 8)
+            table.t_().unsqueeze_(0)  # in-place view ops: metadata only
+            table.squeeze_(0).t_().detach_()
+            with torch._C._DisableTorchDispatch():  # hidden from the mode by the step itself
+                table.add_(1)
+            table[rows] += 1
+        return {"table": table}
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    launches = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert not {"aten.detach_.default", "aten.unsqueeze_.default", "aten.t_.default", "aten.squeeze_.default"} & set(
+        launches
+    )
+    assert launches.count("aten.add_.Tensor") == 1  # `table[rows] += 1`'s, not the hidden one
+
+
 def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
     import threading
 
