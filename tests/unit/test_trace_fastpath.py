@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from racefuzz.trace import fastpath  # noqa: E402
+from racefuzz.trace import example, fastpath  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
@@ -69,11 +69,15 @@ def record(step, fast: bool, monkeypatch, **options):
 @pytest.mark.parametrize(
     "options", [{}, {"serialize": True}, {"snapshot_plan": {}}], ids=["reference", "serial", "trace"]
 )
-@pytest.mark.parametrize("step", [table_step, storage_step], ids=["table", "storages"])
+@pytest.mark.parametrize(
+    "step",
+    [table_step, storage_step, example.racy_step, example.synced_step],
+    ids=["table", "storages", "example-racy", "example-synced"],
+)
 def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options, step):
     options = {"watch_frees": True, **options}  # as on a GPU: frees and reused blocks recorded
     fast, slow = record(step, True, monkeypatch, **options), record(step, False, monkeypatch, **options)
-    assert any(getattr(op, "kind", None) == "free" for op in slow.trace.ops) or step is table_step
+    assert any(getattr(op, "kind", None) == "free" for op in slow.trace.ops) or step is not storage_step
     assert fast.trace.ops == slow.trace.ops
     assert fast.trace.storages == slow.trace.storages and fast.trace.streams == slow.trace.streams
     assert fast.launch_ops == slow.launch_ops
