@@ -17,6 +17,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -441,20 +442,25 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // objects, `__torch_dispatch__`, the op called again from Python, its result unboxed): 7-9 us an op, more
 // than everything else the recorder does. So while a recording is on, an op that writes only its arguments
 // is recorded before it reaches the mode: by a boxed fallback on a dispatch key that `begin()` adds to the
-// recording thread's included keys, above every other key. It records the op as `launch_op` does and runs
-// it below the Python keys, so the mode never sees it; every other op (and every op the checks below turn
-// away) goes on to the mode exactly as without it. torch has no dispatch key for out-of-tree tools above
+// recording thread's included keys, above autograd and every key but torch's PreDispatch and
+// PythonDispatcher. It records the op as `launch_op` does and runs it below the Python keys, so the mode
+// never sees it; every other op (and every op the checks below turn away) goes on to the mode exactly as
+// without it. torch has no dispatch key for out-of-tree tools above
 // autograd: racefuzz borrows `TESTING_ONLY_GenericMode`, which torch itself registers nothing on (its
 // only use is torch's own C++ tests) and which is included on the recording thread only while recording.
 //
-// Taken only when (checked under the GIL, per op): a recording begun on this thread is the innermost, its
-// mode is still the top of torch's mode stack (no mode pushed inside the step), the op would reach the mode
-// (torch has not excluded the mode's key, as it does inside `torch.tensor`), the recorder is neither
+// Taken only when (checked under the GIL, per op): the innermost recording begun on this thread began with
+// its mode the only one on torch's mode stack and still is (no mode of the step's own, no outer mode or
+// outer recording: each must see the op too), the op would reach the mode (torch has not excluded the
+// mode's key, as it does inside `torch.tensor` and under `_DisableTorchDispatch`), the recorder is neither
 // paused nor inside an opaque launch, the op is not CompositeImplicitAutograd (the mode sees such an op's
 // decomposition, which the fallback then leaves to it), the Python helper set by `configure` says the op
 // is one the fast path records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the
-// recording's device (no tensor subclass, no functorch wrapper, no tensor list). The op then runs with the
-// mode's keys excluded for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
+// recording's device: no tensor subclass, functorch wrapper or tensor list, no conjugate, negative or zero
+// tensor, none autograd works on (requiring grad in grad mode, or with a forward-mode tangent). Those keep
+// torch from issuing ops of its own above the mode's key (autograd's saved `clone`, a saved-tensors hook,
+// the conjugate fallback's copies), which the mode records. The op then runs with the mode's keys excluded
+// for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
 
 constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
@@ -465,21 +471,41 @@ c10::DispatchKeySet quiet_keys() {
 }
 
 c10::DispatchKeySet wrapper_keys() {
-  // A tensor with any of these is not a plain tensor: its op is left to the mode.
+  // A tensor with any of these is not a plain tensor: its op is left to the mode. Conjugate, negative and
+  // zero tensors among them: torch's fallbacks for those keys (above the mode's) issue ops of their own
+  // (a `clone`, a `copy_` back), which the mode records.
   return c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                               c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
                               c10::DispatchKey::Batched, c10::DispatchKey::BatchedNestedTensor,
-                              c10::DispatchKey::Functionalize});
+                              c10::DispatchKey::Functionalize, c10::DispatchKey::Conjugate,
+                              c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
 }
 
 struct Scope {
   PyObject* state;  // a reference held from `begin` to `end`
   unsigned long thread;
-  int64_t modes;      // torch's mode stack length when it began: the recording's mode is the top
+  bool sole_mode;     // the recording's mode was the only mode on torch's stack when it began
   bool was_included;  // the key's state on that thread before
 };
 
-std::vector<Scope> scopes;  // guarded by the GIL
+std::vector<Scope> scopes;  // guarded by the GIL; a thread's innermost recording is its last
+
+// The innermost recording begun on this thread, or nullptr.
+const Scope* innermost() {
+  const unsigned long thread = PyThread_get_thread_ident();
+  for (auto scope = scopes.rbegin(); scope != scopes.rend(); ++scope) {
+    if (scope->thread == thread) {
+      return &*scope;
+    }
+  }
+  return nullptr;
+}
+
+// Whether autograd would issue ops of its own for an op on `tensor` before the mode sees it (a `clone` it
+// saves for backward, a saved-tensors hook's ops, forward-mode AD's tangent ops): the mode records those.
+bool autograd_works_on(const at::Tensor& tensor) {
+  return (c10::GradMode::is_enabled() && tensor.requires_grad()) || tensor._fw_grad(/*level=*/0).defined();
+}
 PyObject* op_info_helper = nullptr;
 PyObject* set_eval_frame = nullptr;  // `torch._C._dynamo.eval_frame.set_eval_frame`
 
@@ -491,12 +517,16 @@ struct NoDynamo {
   bool failed = set_eval_frame != nullptr && prior == nullptr;
   ~NoDynamo() {
     if (prior != nullptr) {
+      // The error the scope ends with (a helper's, raised next) is kept across the call.
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
       PyObject* none = PyObject_CallOneArg(set_eval_frame, prior);
       if (none == nullptr) {
         PyErr_WriteUnraisable(set_eval_frame);  // a destructor cannot raise; never seen
       }
       Py_XDECREF(none);
       Py_DECREF(prior);
+      PyErr_Restore(type, value, traceback);
     }
   }
 };
@@ -555,17 +585,14 @@ enum class Route { MODE, UNRECORDED, RECORDED };
 // begun (the delay applied). Throws the Python error a helper raised.
 Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, Pending& pending,
             PyObject*& state, PyObject*& label) {
-  if (scopes.empty()) {
-    return Route::MODE;
-  }
-  const Scope& scope = scopes.back();
-  if (scope.thread != PyThread_get_thread_ident() || c10::impl::TorchDispatchModeTLS::stack_len() != scope.modes) {
-    return Route::MODE;
+  const Scope* scope = innermost();
+  if (scope == nullptr || !scope->sole_mode || c10::impl::TorchDispatchModeTLS::stack_len() != 1) {
+    return Route::MODE;  // another mode (the step's own, an outer recording's) must see the op too
   }
   if (!keys.has(c10::DispatchKey::Python)) {
     return Route::MODE;  // torch excluded the mode's key here (inside `torch.tensor`, `_DisableTorchDispatch`)
   }
-  state = scope.state;
+  state = scope->state;
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
   for (const char* busy : {"paused", "opaque"}) {
     PyObject* value = PyObject_GetAttrString(recorder, busy);
@@ -617,7 +644,7 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       continue;  // a Python number the binding wrapped (`x.add_(1)`): the mode is handed the number itself
     }
     if (tensor.layout() != c10::kStrided || tensor.key_set().has_any(wrapper_keys()) ||
-        (on_gpu ? !tensor.is_cuda() : !tensor.is_cpu())) {
+        (on_gpu ? !tensor.is_cuda() : !tensor.is_cpu()) || autograd_works_on(tensor)) {
       return Route::MODE;
     }
     PyObject* wrapped = THPVariable_Wrap(tensor);
@@ -699,9 +726,10 @@ PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
   }
   try {
     Py_INCREF(state);
-    scopes.push_back(Scope{state, PyThread_get_thread_ident(), c10::impl::TorchDispatchModeTLS::stack_len(),
-                           c10::impl::tls_is_dispatch_key_included(kTraceKey)});
-    c10::impl::tls_set_dispatch_key_included(kTraceKey, true);
+    const bool sole_mode = c10::impl::TorchDispatchModeTLS::stack_len() == 1;
+    const bool was_included = c10::impl::tls_is_dispatch_key_included(kTraceKey);
+    scopes.push_back(Scope{state, PyThread_get_thread_ident(), sole_mode, was_included});
+    c10::impl::tls_set_dispatch_key_included(kTraceKey, sole_mode || was_included);
   } catch (const std::exception& error) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return nullptr;
@@ -711,12 +739,13 @@ PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
 
 // `end()`: the innermost `begin` on this thread ends; the key's earlier state there is restored.
 PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
-  if (scopes.empty() || scopes.back().thread != PyThread_get_thread_ident()) {
+  const Scope* found = innermost();
+  if (found == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "end(): no recording begun on this thread");
     return nullptr;
   }
-  Scope scope = scopes.back();
-  scopes.pop_back();
+  Scope scope = *found;
+  scopes.erase(scopes.begin() + (found - scopes.data()));
   c10::impl::tls_set_dispatch_key_included(kTraceKey, scope.was_included);
   Py_DECREF(scope.state);
   Py_RETURN_NONE;

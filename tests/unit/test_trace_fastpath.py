@@ -186,6 +186,105 @@ def test_metadata_ops_and_ops_torch_hides_from_the_mode_are_no_launches_on_eithe
     assert launches.count("aten.add_.Tensor") == 1  # `table[rows] += 1`'s, not the hidden one
 
 
+def autograd_step(env):
+    """In-place ops where torch issues ops of its own above the mode's key: autograd's saved `clone`, a
+    saved-tensors hook's ops, the conjugate fallback's copies."""
+    side = env.stream("side")
+    side.wait_stream(env.current_stream())
+    with env.use(side):
+        w = torch.ones(16, requires_grad=True)
+        y = torch.ones(16) * w  # requires grad: in-place ops on it are recorded by autograd
+        y.mul_(w)  # autograd saves a clone of `y`
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone().mul_(1), lambda t: t):
+            y.div_(w)
+        z = torch.ones(4, dtype=torch.complex64)
+        z.conj().mul_(2)  # a conjugate view: materialized, multiplied, copied back
+        y.sum().backward()
+    return {"y": y.detach(), "z": z}
+
+
+def test_ops_torch_issues_above_the_mode_are_recorded_by_both_paths_alike(monkeypatch):
+    fast, slow = record(autograd_step, True, monkeypatch), record(autograd_step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    launches = [op.kernel for op in slow.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert "aten.clone.default" in launches and "aten.copy_.default" in launches
+
+
+def test_an_outer_mode_and_an_outer_recording_see_the_ops_of_an_inner_recording(monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from racefuzz.trace.capture import recording
+    from racefuzz.trace.env import TraceEnv
+
+    seen = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        record(table_step, True, monkeypatch)
+    assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= set(seen)
+
+    outer, inner = Recorder("cpu"), Recorder("cpu")
+    with recording(outer):
+        with recording(inner):
+            table_step(TraceEnv(inner, "cpu"))
+    for recorder in (outer, inner):
+        kernels = {op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch"}
+        assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= kernels
+
+
+def test_an_error_after_a_fast_launch_reaches_the_step_as_itself(monkeypatch):
+    original = Recorder._after
+
+    def failing(self, ordinal, writes):
+        if self.record.trace.ops[self.record.launch_ops[ordinal]].kernel == "aten.mul_.Tensor":  # a fast launch
+            raise ValueError("the recorder's snapshot failed")
+        return original(self, ordinal, writes)
+
+    monkeypatch.setattr(Recorder, "_after", failing)
+    with pytest.raises(ValueError, match="the recorder's snapshot failed"):
+        record(table_step, True, monkeypatch)
+
+
+def test_recordings_on_two_threads_may_end_in_any_order(monkeypatch):
+    import threading
+
+    from racefuzz.trace.capture import recording
+    from racefuzz.trace.env import TraceEnv
+
+    started, first_ended, failures = threading.Event(), threading.Event(), []
+
+    def second():
+        try:
+            recorder = Recorder("cpu")
+            with recording(recorder):
+                started.set()
+                first_ended.wait(30)
+                out = torch.zeros(4)
+                out.add_(1)
+            assert [op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch"] == [
+                "aten.zeros.default",
+                "aten.add_.Tensor",
+            ]
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    worker = threading.Thread(target=second)
+    first = Recorder("cpu")
+    with recording(first):
+        worker.start()
+        started.wait(30)
+        table_step(TraceEnv(first, "cpu"))
+    first_ended.set()  # the first recording ended before the second, begun later
+    worker.join(60)
+    assert not failures, failures
+    # The first thread records as before after its recording ended out of order.
+    assert record(table_step, True, monkeypatch).trace.ops == record(table_step, False, monkeypatch).trace.ops
+
+
 def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
     import threading
 
