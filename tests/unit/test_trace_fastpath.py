@@ -228,9 +228,8 @@ def test_an_outer_mode_and_an_outer_recording_see_the_ops_of_an_inner_recording(
     assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= set(seen)
 
     outer, inner = Recorder("cpu"), Recorder("cpu")
-    with recording(outer):
-        with recording(inner):
-            table_step(TraceEnv(inner, "cpu"))
+    with recording(outer), recording(inner):
+        table_step(TraceEnv(inner, "cpu"))
     for recorder in (outer, inner):
         kernels = {op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch"}
         assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= kernels
