@@ -18,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -450,17 +451,20 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // only use is torch's own C++ tests) and which is included on the recording thread only while recording.
 //
 // Taken only when (checked under the GIL, per op): the innermost recording begun on this thread began with
-// its mode the only one on torch's mode stack and still is (no mode of the step's own, no outer mode or
-// outer recording: each must see the op too), the op would reach the mode (torch has not excluded the
-// mode's key, as it does inside `torch.tensor` and under `_DisableTorchDispatch`), the recorder is neither
-// paused nor inside an opaque launch, the op is not CompositeImplicitAutograd (the mode sees such an op's
-// decomposition, which the fallback then leaves to it), the Python helper set by `configure` says the op
-// is one the fast path records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the
-// recording's device: no tensor subclass, functorch wrapper or tensor list, no conjugate, negative or zero
-// tensor, none autograd works on (requiring grad in grad mode, or with a forward-mode tangent). Those keep
-// torch from issuing ops of its own above the mode's key (autograd's saved `clone`, a saved-tensors hook,
-// the conjugate fallback's copies), which the mode records. The op then runs with the mode's keys excluded
-// for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
+// its mode the only one on torch's mode stack and that mode still is the only one there (no mode of the
+// step's own, pushed or swapped in; no outer mode or outer recording: each must see the op, or see it
+// alone), the op would reach the mode (torch has not excluded the mode's key, as it does inside
+// `torch.tensor` and under `_DisableTorchDispatch`), the recorder is neither paused nor inside an opaque
+// launch, the op is aten's (another library's op may have kernels above the mode's key that issue ops of
+// their own) and not CompositeImplicitAutograd (the mode sees such an op's decomposition, which the
+// fallback then leaves to it), the Python helper set by `configure` says the op is one the fast path
+// records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the recording's device:
+// no tensor with the Python key (a `__torch_dispatch__` subclass), no functorch wrapper or tensor list, no
+// conjugate, negative or zero tensor, none autograd works on (requiring grad in grad mode, or with a
+// forward-mode tangent), no inference tensor outside inference mode. Those keep torch from issuing ops of
+// its own above the mode's key (autograd's saved `clone`, a saved-tensors hook's ops, the conjugate
+// fallback's copies) or raising there after the kernel ran, which the mode records. The op then runs with
+// the mode's keys excluded for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
 
 constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
@@ -484,7 +488,9 @@ c10::DispatchKeySet wrapper_keys() {
 struct Scope {
   PyObject* state;  // a reference held from `begin` to `end`
   unsigned long thread;
-  bool sole_mode;     // the recording's mode was the only mode on torch's stack when it began
+  // The recording's mode on torch's stack (held: no other mode can take its address), if it was the only
+  // mode there when the recording began; else null.
+  std::shared_ptr<c10::impl::PyObject_TorchDispatchMode> sole_mode;
   bool was_included;  // the key's state on that thread before
 };
 
@@ -505,6 +511,12 @@ const Scope* innermost() {
 // saves for backward, a saved-tensors hook's ops, forward-mode AD's tangent ops): the mode records those.
 bool autograd_works_on(const at::Tensor& tensor) {
   return (c10::GradMode::is_enabled() && tensor.requires_grad()) || tensor._fw_grad(/*level=*/0).defined();
+}
+
+// Whether ADInplaceOrView raises after an op on `tensor` has run (an inference tensor written outside
+// inference mode): the mode, below that key, records the op first.
+bool rejected_after_the_kernel(const at::Tensor& tensor) {
+  return tensor.is_inference() && !c10::InferenceMode::is_enabled();
 }
 PyObject* op_info_helper = nullptr;
 PyObject* set_eval_frame = nullptr;  // `torch._C._dynamo.eval_frame.set_eval_frame`
@@ -549,7 +561,10 @@ PyObject* op_info(const c10::OperatorHandle& op) {
     return found->second.info;
   }
   PyObject* info;
-  if (op_info_helper == nullptr || op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+  // Only aten's ops: another library's op may have kernels above the mode's key (Autograd,
+  // ADInplaceOrView) that issue ops of their own, which the mode records.
+  const bool aten = op.operator_name().name.rfind("aten::", 0) == 0;
+  if (op_info_helper == nullptr || !aten || op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
     info = Py_None;
     Py_INCREF(info);
   } else {
@@ -586,8 +601,9 @@ enum class Route { MODE, UNRECORDED, RECORDED };
 Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, Pending& pending,
             PyObject*& state, PyObject*& label) {
   const Scope* scope = innermost();
-  if (scope == nullptr || !scope->sole_mode || c10::impl::TorchDispatchModeTLS::stack_len() != 1) {
-    return Route::MODE;  // another mode (the step's own, an outer recording's) must see the op too
+  if (scope == nullptr || scope->sole_mode == nullptr || c10::impl::TorchDispatchModeTLS::stack_len() != 1 ||
+      c10::impl::TorchDispatchModeTLS::get_stack_at(0) != scope->sole_mode) {
+    return Route::MODE;  // another mode (the step's own, an outer recording's) must see the op, or only it
   }
   if (!keys.has(c10::DispatchKey::Python)) {
     return Route::MODE;  // torch excluded the mode's key here (inside `torch.tensor`, `_DisableTorchDispatch`)
@@ -644,7 +660,8 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       continue;  // a Python number the binding wrapped (`x.add_(1)`): the mode is handed the number itself
     }
     if (tensor.layout() != c10::kStrided || tensor.key_set().has_any(wrapper_keys()) ||
-        (on_gpu ? !tensor.is_cuda() : !tensor.is_cpu()) || autograd_works_on(tensor)) {
+        (on_gpu ? !tensor.is_cuda() : !tensor.is_cpu()) || autograd_works_on(tensor) ||
+        rejected_after_the_kernel(tensor)) {
       return Route::MODE;
     }
     PyObject* wrapped = THPVariable_Wrap(tensor);
@@ -726,10 +743,13 @@ PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
   }
   try {
     Py_INCREF(state);
-    const bool sole_mode = c10::impl::TorchDispatchModeTLS::stack_len() == 1;
+    std::shared_ptr<c10::impl::PyObject_TorchDispatchMode> sole_mode;
+    if (c10::impl::TorchDispatchModeTLS::stack_len() == 1) {
+      sole_mode = c10::impl::TorchDispatchModeTLS::get_stack_at(0);
+    }
     const bool was_included = c10::impl::tls_is_dispatch_key_included(kTraceKey);
     scopes.push_back(Scope{state, PyThread_get_thread_ident(), sole_mode, was_included});
-    c10::impl::tls_set_dispatch_key_included(kTraceKey, sole_mode || was_included);
+    c10::impl::tls_set_dispatch_key_included(kTraceKey, sole_mode != nullptr || was_included);
   } catch (const std::exception& error) {
     PyErr_SetString(PyExc_RuntimeError, error.what());
     return nullptr;

@@ -248,6 +248,69 @@ def test_an_error_after_a_fast_launch_reaches_the_step_as_itself(monkeypatch):
         record(table_step, True, monkeypatch)
 
 
+def test_a_mode_the_step_swaps_in_for_racefuzzs_sees_every_op(monkeypatch):
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    seen = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def step(env):
+        x = torch.zeros(8)
+        with _disable_current_modes(), Counting():  # racefuzz's mode off the stack, the step's own the only one
+            x.add_(1)
+        return {"x": x}
+
+    fast = record(step, True, monkeypatch)
+    assert seen == ["aten.add_.Tensor"]
+    seen.clear()
+    assert fast.trace.ops == record(step, False, monkeypatch).trace.ops and seen == ["aten.add_.Tensor"]
+
+
+def test_another_librarys_in_place_op_is_left_to_the_mode(monkeypatch):
+    # An op outside aten may have kernels above the mode's key that issue ops of their own.
+    library = torch.library.Library("racefuzz_test_fastpath", "DEF")
+    library.define("bump(Tensor(a!) x) -> Tensor(a!)")
+
+    def bump_autograd(x):  # an Autograd kernel, above the mode, made of two aten ops
+        with torch._C._AutoDispatchBelowAutograd():
+            x.add_(1)
+            x.mul_(2)
+        return x
+
+    library.impl("bump", lambda x: x.add_(100), "CPU")
+    library.impl("bump", bump_autograd, "Autograd")
+
+    def step(env):
+        x = torch.zeros(8)
+        torch.ops.racefuzz_test_fastpath.bump(x)
+        return {"x": x}
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    kernels = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert kernels == ["aten.zeros.default", "aten.add_.Tensor", "aten.mul_.Tensor"]
+    assert fast.outputs["x"].tolist() == [2.0] * 8
+
+
+def test_a_write_torch_rejects_after_its_kernel_ran_is_recorded_by_both_paths(monkeypatch):
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        with torch.inference_mode():
+            cache = torch.zeros(8)  # an inference tensor, written below outside inference mode
+        with env.use(side), pytest.raises(RuntimeError, match=r"[Ii]nference"):
+            torch.add(torch.ones(8), 1, out=cache)  # written, then ADInplaceOrView raises
+        return {"cache": cache.clone()}
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    assert fast.trace.ops == slow.trace.ops
+    assert ("aten.add.out", "side") in [(op.kernel, op.stream) for op in fast.trace.ops if hasattr(op, "kernel")]
+
+
 def test_recordings_on_two_threads_may_end_in_any_order(monkeypatch):
     import threading
 
