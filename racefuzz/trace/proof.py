@@ -172,6 +172,25 @@ def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
     return {"y": y}
 
 
+def out_of_place_step(env: Any, ops: int = 2000) -> dict[str, Any]:
+    """`ops` out-of-place adds on one stream, `c = a + b`: a fresh tensor each, the one before freed (its
+    block reused). The workload of CSAN's ~110 us/op figure (trace-notes.md); each op is a launch, an
+    allocation and a free, all three recorded through the dispatch mode and in Python."""
+    import torch
+
+    a = torch.ones(1024, device=env.device)
+    b = torch.ones(1024, device=env.device)
+    c = a
+    for _ in range(ops):
+        c = a + b
+    env.synchronize()
+    return {"c": c}
+
+
+WORKLOADS = {"micro": micro_step, "out-of-place": out_of_place_step}
+"""`proof micro --workload`: the in-place micro workload (the goal's) and the out-of-place one."""
+
+
 def recording_cost(ops: int = 2000, runs: int = 5, device: str = "cuda") -> dict[str, float]:
     """µs per op (median of `runs`): plain before any recorder, plain after (racefuzz's patches installed),
     recorded (trace only: no snapshots, no serialization), recorded as a reference run (a snapshot of every
@@ -202,7 +221,7 @@ def _overheads(samples: dict[str, list[float]], statistic: Any) -> dict[str, flo
     return figures
 
 
-def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float]]:
+def _recording_samples(ops: int, runs: int, device: str, step: Any = micro_step) -> dict[str, list[float]]:
     """`recording_cost`'s samples: µs per op of each of `runs` runs of each figure.
 
     Plain runs first, before any recorder: on the GPU the first recorder installs racefuzz's `torch.cuda`
@@ -222,12 +241,12 @@ def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float
         if recorder is None:
             env = _plain_env(device)
             start = time.perf_counter()
-            micro_step(env, ops)
+            step(env, ops)
         else:
             env = TraceEnv(recorder, device)
             start = time.perf_counter()
             with recording(recorder):
-                micro_step(env, ops)
+                step(env, ops)
         return (time.perf_counter() - start) / ops * 1e6
 
     samples: dict[str, list[float]] = {
@@ -244,9 +263,10 @@ def _recording_samples(ops: int, runs: int, device: str) -> dict[str, list[float
     return samples
 
 
-def micro_main(device: str, ops: int, runs: int, profile: bool) -> int:
-    """Print the `RECORDING micro` line on `device` (medians, as `proof` does) and its overheads
+def micro_main(device: str, ops: int, runs: int, profile: bool, workload: str = "micro") -> int:
+    """Print the `RECORDING <workload>` line on `device` (medians, as `proof` does) and its overheads
     (`_overheads`), and the same from the fastest run of each (`FASTEST`)."""
+    step = WORKLOADS[workload]
     if profile:
         import cProfile
         import pstats
@@ -256,17 +276,17 @@ def micro_main(device: str, ops: int, runs: int, profile: bool) -> int:
 
         recorder = Recorder(device, snapshot_plan={})
         with recording(recorder):
-            micro_step(TraceEnv(recorder, device), 200)
+            step(TraceEnv(recorder, device), 200)
         recorder = Recorder(device, snapshot_plan={})
         profiler = cProfile.Profile()
         with recording(recorder):
-            profiler.runcall(micro_step, TraceEnv(recorder, device), ops)
+            profiler.runcall(step, TraceEnv(recorder, device), ops)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return 0
-    samples = _recording_samples(ops, runs, device)
+    samples = _recording_samples(ops, runs, device, step)
     for label, statistic in (("RECORDING", statistics.median), ("FASTEST", min)):
         figures = {k: statistic(v) for k, v in samples.items()}
-        print(f"{label} micro device={device} ops={ops} runs={runs} " + _figures(figures))
+        print(f"{label} {workload} device={device} ops={ops} runs={runs} " + _figures(figures))
         print(f"{label}-OVERHEAD " + _figures(_overheads(samples, statistic)))
     return 0
 
@@ -421,13 +441,19 @@ def main(argv: list[str]) -> int:
     micro.add_argument("--ops", type=int, default=2000)
     micro.add_argument("--runs", type=int, default=5)
     micro.add_argument("--profile", action="store_true", help="cProfile one traced run instead")
+    micro.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="micro",
+        help="micro: in-place ops on two streams (the goal's); out-of-place: `c = a + b` (CSAN's figure's)",
+    )
     args = parser.parse_args(argv)
     if args.command == "csan":
         return csan_main(args.design)
     if args.command == "cost":
         return cost_main(args.design, args.rounds)
     if args.command == "micro":
-        return micro_main(args.device, args.ops, args.runs, args.profile)
+        return micro_main(args.device, args.ops, args.runs, args.profile, args.workload)
     designs = [d for d in args.designs.split(",") if d]
     return proof_main(args.examples, args.seed, designs, args.cost, [d for d in args.csan.split(",") if d])
 
