@@ -24,6 +24,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -237,7 +238,105 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   return result;
 }
 
-// `Recorder._accesses`: one tensor here, several through the recorder (it merges them per storage).
+// `Recorder._merged_accesses` of several non-empty contiguous tensors on storages it knows already (an op's
+// inputs, the common case): their byte intervals merged per storage, storages in first-seen order, as it
+// does. nullptr without an exception where the recorder must do it itself (a strided or empty view, a
+// storage new to it); nullptr with one on an error.
+PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
+  struct Part {
+    PyObject* key;  // borrowed from the recorder's `_keys`
+    long long start, end;
+  };
+  std::vector<Part> parts;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(tensors); ++k) {
+    const at::Tensor& t = THPVariable_Unpack(PyList_GET_ITEM(tensors, k));
+    int64_t start = 0, nbytes = 0;
+    uintptr_t base = 0;
+    try {
+      if (!t.is_contiguous()) {
+        return nullptr;
+      }
+      int64_t itemsize = static_cast<int64_t>(t.itemsize());
+      nbytes = t.numel() * itemsize;
+      start = t.storage_offset() * itemsize;
+      if (nbytes) {
+        base = reinterpret_cast<uintptr_t>(t.data_ptr()) - static_cast<uintptr_t>(start);
+      }
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+    if (!nbytes) {
+      return nullptr;
+    }
+    PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
+    if (base_obj == nullptr) {
+      return nullptr;
+    }
+    PyObject* epoch = PyDict_GetItem(PyTuple_GET_ITEM(state, EPOCHS), base_obj);
+    PyObject* zero = epoch == nullptr ? PyLong_FromLong(0) : nullptr;
+    PyObject* pair = PyTuple_Pack(2, base_obj, epoch != nullptr ? epoch : zero);
+    Py_XDECREF(zero);
+    Py_DECREF(base_obj);
+    if (pair == nullptr) {
+      return nullptr;
+    }
+    PyObject* key = PyDict_GetItem(PyTuple_GET_ITEM(state, KEYS), pair);
+    Py_DECREF(pair);
+    if (key == nullptr) {
+      return nullptr;
+    }
+    parts.push_back(Part{key, static_cast<long long>(start), static_cast<long long>(start + nbytes)});
+  }
+  std::vector<std::pair<PyObject*, std::vector<std::pair<long long, long long>>>> by_storage;
+  for (const Part& part : parts) {
+    auto same = std::find_if(by_storage.begin(), by_storage.end(), [&](const auto& entry) {
+      return PyObject_RichCompareBool(entry.first, part.key, Py_EQ) == 1;
+    });
+    if (same == by_storage.end()) {
+      by_storage.push_back({part.key, {}});
+      same = by_storage.end() - 1;
+    }
+    same->second.emplace_back(part.start, part.end);
+  }
+  PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(by_storage.size()));
+  if (result == nullptr) {
+    return nullptr;
+  }
+  for (size_t k = 0; k < by_storage.size(); ++k) {
+    auto& intervals = by_storage[k].second;
+    std::sort(intervals.begin(), intervals.end());
+    std::vector<std::pair<long long, long long>> merged;  // `intervals.merge`: overlapping or touching
+    for (const auto& interval : intervals) {
+      if (!merged.empty() && interval.first <= merged.back().second) {
+        merged.back().second = std::max(merged.back().second, interval.second);
+      } else {
+        merged.push_back(interval);
+      }
+    }
+    PyObject* runs = PyTuple_New(static_cast<Py_ssize_t>(merged.size()));
+    for (size_t m = 0; runs != nullptr && m < merged.size(); ++m) {
+      PyObject* bounds = untracked(Py_BuildValue("(LL)", merged[m].first, merged[m].second));
+      if (bounds == nullptr) {
+        Py_CLEAR(runs);
+        break;
+      }
+      PyTuple_SET_ITEM(runs, m, bounds);
+    }
+    PyObject* fields = runs == nullptr ? nullptr : PyTuple_Pack(2, by_storage[k].first, untracked(runs));
+    Py_XDECREF(runs);
+    PyObject* item = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, ACCESS), fields);
+    Py_XDECREF(fields);
+    if (item == nullptr) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(result, k, item);
+  }
+  return untracked(result);
+}
+
+// `Recorder._accesses`: one tensor here; several here when `known_merged_accesses` can, else through the
+// recorder (it merges them per storage).
 PyObject* accesses(PyObject* state, PyObject* tensors, PyObject* label) {
   Py_ssize_t count = PyList_GET_SIZE(tensors);
   if (count == 0) {
@@ -245,6 +344,10 @@ PyObject* accesses(PyObject* state, PyObject* tensors, PyObject* label) {
   }
   if (count == 1) {
     return access(state, PyList_GET_ITEM(tensors, 0), label);
+  }
+  PyObject* known = known_merged_accesses(state, tensors);
+  if (known != nullptr || PyErr_Occurred()) {
+    return known;
   }
   return PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_merged_accesses", "OO", tensors, label);
 }
@@ -599,7 +702,7 @@ enum class Route { MODE, UNRECORDED, RECORDED };
 // Under the GIL, the fallback's keys excluded: which way `op` goes; for RECORDED, `pending` collected and
 // begun (the delay applied). Throws the Python error a helper raised.
 Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, Pending& pending,
-            PyObject*& state, PyObject*& label) {
+            PyObject*& state, PyObject*& label, bool& fresh) {
   const Scope* scope = innermost();
   if (scope == nullptr || scope->sole_mode == nullptr || c10::impl::TorchDispatchModeTLS::stack_len() != 1 ||
       c10::impl::TorchDispatchModeTLS::get_stack_at(0) != scope->sole_mode) {
@@ -637,6 +740,7 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   }
   PyObject* arguments = PyTuple_GET_ITEM(info, 0);
   label = PyTuple_GET_ITEM(info, 1);
+  fresh = PyTuple_GET_ITEM(info, 2) == Py_True;
   const size_t count = op.schema().arguments().size();
   if (stack->size() < count) {
     return Route::MODE;
@@ -677,7 +781,10 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       return Route::MODE;
     }
   }
-  if (PyList_GET_SIZE(pending.writes) == 0) {
+  if (fresh && PyList_GET_SIZE(pending.reads) == 0 && PyList_GET_SIZE(pending.writes) == 0) {
+    return Route::MODE;  // a factory: a launch only if it makes a tensor on the device, which the mode knows
+  }
+  if (!fresh && PyList_GET_SIZE(pending.writes) == 0) {
     return Route::UNRECORDED;  // a view or metadata op: not a launch (nor anything the mode records)
   }
   Collected begun = begin(state, pending);
@@ -687,16 +794,59 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   return begun == Collected::OK ? Route::RECORDED : Route::MODE;
 }
 
+// The fresh tensors `op` returned (on `stack` now), as the Python path's `fresh(out)` takes them: each on the
+// recording's device (or pinned) and not on the storage of one of the op's reads (a view the schema does
+// not declare) is allocated (`recorder.allocated`) and written, as slot `out<i>` (`i` counting the
+// returned tensors). False with a Python exception.
+bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, PyObject* state, Pending& pending) {
+  const bool on_gpu = PyTuple_GET_ITEM(state, ON_GPU) == Py_True;
+  std::vector<const void*> inputs;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(pending.reads); ++k) {
+    inputs.push_back(THPVariable_Unpack(PyList_GET_ITEM(pending.reads, k)).storage().data());
+  }
+  const size_t returned = op.schema().returns().size();
+  Py_ssize_t ordinal = 0;
+  for (size_t r = stack.size() - returned; r < stack.size(); ++r) {
+    if (!stack[r].isTensor() || !stack[r].toTensor().defined()) {
+      continue;
+    }
+    const at::Tensor& tensor = stack[r].toTensor();
+    const Py_ssize_t slot = ordinal++;
+    if ((on_gpu && !tensor.is_cuda() && !tensor.is_pinned()) ||
+        std::find(inputs.begin(), inputs.end(), tensor.storage().data()) != inputs.end()) {
+      continue;
+    }
+    PyObject* wrapped = THPVariable_Wrap(tensor);
+    if (wrapped == nullptr) {
+      return false;
+    }
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "allocated", "O", wrapped);
+    PyObject* name = none == nullptr ? nullptr : PyUnicode_FromFormat("out%zd", slot);
+    PyObject* pair = name == nullptr ? nullptr : PyTuple_Pack(2, name, wrapped);
+    bool appended = pair != nullptr && PyList_Append(pending.writes, pair) == 0 &&
+                    PyList_Append(pending.written, wrapped) == 0;
+    Py_XDECREF(none);
+    Py_XDECREF(name);
+    Py_XDECREF(pair);
+    Py_DECREF(wrapped);
+    if (!appended) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTraceKey);
   Pending pending;
   PyObject* state = nullptr;  // borrowed: held by the scope until `end`, which cannot run before this returns
   PyObject* label = nullptr;  // borrowed: held by `known_ops` for the process
   Route way = Route::MODE;
+  bool fresh = false;  // the op returns fresh tensors (`_OpInfo.fresh_outputs`), written by it
   try {
     Gil gil;
     c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
-    way = route(op, keys, stack, pending, state, label);
+    way = route(op, keys, stack, pending, state, label, fresh);
     if (way != Route::RECORDED) {
       pending.clear();
     }
@@ -726,7 +876,8 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   bool finished;
   {
     NoDynamo no_dynamo;
-    finished = !no_dynamo.failed && finish(state, pending, label);
+    finished = !no_dynamo.failed && (!fresh || add_outputs(op, *stack, state, pending)) &&
+               finish(state, pending, label);
   }
   pending.clear();
   if (!finished) {

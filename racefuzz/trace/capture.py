@@ -564,9 +564,11 @@ def _dispatcher_fast_path(module: Any) -> None:
         _DISPATCHER_HELPER_SET = True
 
 
-def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str] | None:
+def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str, bool] | None:
     """For the C++ fast path's dispatcher entry, asked once per op (`aten::add_`, `Tensor`): the op's
-    `(arguments, label)` if it is one the fast path records (`_OpInfo.fast`), else None."""
+    `(arguments, label, fresh)` if it is one the fast path records, else None: one that writes only its
+    arguments (`_OpInfo.fast`), or (`fresh`) one that returns fresh tensors, each a plain `Tensor` (no
+    list, no optional), and neither syncs the host nor only allocates."""
     import torch
 
     namespace, _, op_name = name.partition("::")
@@ -575,7 +577,15 @@ def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str] | None:
     except (AttributeError, RuntimeError):
         return None
     info = _OP_INFO.get(func) or _op_info(func)
-    return (info.arguments, info.label) if info.fast else None
+    returns = func._schema.returns
+    fresh = (
+        info.fresh_outputs
+        and not info.not_access
+        and info.sync is None
+        and bool(returns)
+        and all(str(r.type) == "Tensor" for r in returns)
+    )
+    return (info.arguments, info.label, fresh) if info.fast or fresh else None
 
 
 __all__ = ["HOST", "active", "recording"]

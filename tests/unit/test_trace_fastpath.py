@@ -59,6 +59,28 @@ def storage_step(env):
     return {"out": out}
 
 
+def reads_step(env):
+    """Fresh-output ops reading two views: of one storage (overlapping, touching, the same view twice), of
+    two storages, strided and empty ones (the recorder merges those itself)."""
+    table = env.name(torch.arange(64, dtype=torch.float32).reshape(8, 8), "table")
+    other = torch.ones(8)
+    side = env.stream("side")
+    side.wait_stream(env.current_stream())
+    with env.use(side):
+        outs = [
+            table[0] + table[1],  # touching rows: one merged interval
+            table[1:3].sum(0) + table[2],  # overlapping
+            table[4] * table[4],
+            table[5] + other,  # two storages, in first-seen order
+            other + table[5],
+            table[:, 0] + table[:, 1],  # strided
+            table[0, :0] + table[1, :0],  # empty
+            table[6] + 1,  # a wrapped number: one read
+        ]
+    env.current_stream().wait_stream(side)
+    return {f"out{i}": out for i, out in enumerate(outs)}
+
+
 def record(step, fast: bool, monkeypatch, **options):
     with monkeypatch.context() as patch:
         if not fast:
@@ -71,8 +93,8 @@ def record(step, fast: bool, monkeypatch, **options):
 )
 @pytest.mark.parametrize(
     "step",
-    [table_step, storage_step, example.racy_step, example.synced_step],
-    ids=["table", "storages", "example-racy", "example-synced"],
+    [table_step, storage_step, reads_step, example.racy_step, example.synced_step],
+    ids=["table", "storages", "reads", "example-racy", "example-synced"],
 )
 def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options, step):
     options = {"watch_frees": True, **options}  # as on a GPU: frees and reused blocks recorded
@@ -133,13 +155,15 @@ def mode_calls(monkeypatch) -> list[str]:
 def test_in_place_ops_are_recorded_below_the_dispatch_mode(monkeypatch):
     calls = mode_calls(monkeypatch)
     record(table_step, True, monkeypatch)
-    # Recorded by the dispatcher entry, they never reach the mode: nor do the views the step takes.
-    assert not {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.slice.Tensor"} & set(calls)
-    assert "aten.cat.out" in calls and "aten.sum.dim_IntList" in calls  # a tensor list; a fresh output
+    # Recorded by the dispatcher entry (in-place, `out=` and fresh outputs), they never reach the mode: nor
+    # do the views the step takes.
+    below = {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.sum.dim_IntList", "aten.slice.Tensor"}
+    assert not below & set(calls)
+    assert "aten.cat.out" in calls and "aten.zeros.default" in calls  # a tensor list; a factory
     fast_calls = list(calls)
     calls.clear()
     record(table_step, False, monkeypatch)
-    assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.slice.Tensor"} <= set(calls)
+    assert below <= set(calls)
     assert len(fast_calls) < len(calls)
 
 
