@@ -1,5 +1,6 @@
-// The recorder's C++ fast path for a torch op that writes only its arguments (an in-place or `out=` op):
-// `Recorder.launch_op` and what it calls (`_schema_accesses`, `current_stream`, `user_source`, `_access`),
+// The recorder's C++ fast path for torch ops: from the dispatch mode, an op that writes only its arguments
+// (an in-place or `out=` op); below torch's dispatcher (see "The dispatcher entry"), those and ops that
+// return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`_schema_accesses`, `current_stream`, `user_source`, `_access`),
 // the same trace op built from the same dicts, without Python's per-op interpretation. Built and loaded by
 // `racefuzz.trace.fastpath`; the Python path stays the reference (tests/unit/test_trace_fastpath.py runs
 // both on the same steps and compares the traces).
@@ -544,8 +545,10 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 //
 // A torch dispatch mode costs every op a round trip through Python (the op's arguments boxed into Python
 // objects, `__torch_dispatch__`, the op called again from Python, its result unboxed): 7-9 us an op, more
-// than everything else the recorder does. So while a recording is on, an op that writes only its arguments
-// is recorded before it reaches the mode: by a boxed fallback on a dispatch key that `begin()` adds to the
+// than everything else the recorder does. So while a recording is on, an op that writes only its arguments,
+// or one that returns fresh tensors from tensor inputs (`c = a + b`: not a factory, whose device the mode
+// checks; not an op that syncs the host, only allocates, or returns a list), is recorded before it reaches
+// the mode: by a boxed fallback on a dispatch key that `begin()` adds to the
 // recording thread's included keys, above autograd and every key but torch's PreDispatch and
 // PythonDispatcher. It records the op as `launch_op` does and runs it below the Python keys, so the mode
 // never sees it; every other op (and every op the checks below turn away) goes on to the mode exactly as

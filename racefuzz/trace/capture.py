@@ -541,7 +541,7 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
                 yield recorder
             else:
                 _dispatcher_fast_path(mode.fastpath)
-                mode.fastpath.begin(mode.fast_state)  # the in-place and `out=` ops, before they reach the mode
+                mode.fastpath.begin(mode.fast_state)  # most ops, before they reach the mode
                 try:
                     yield recorder
                 finally:

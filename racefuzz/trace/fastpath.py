@@ -1,10 +1,11 @@
 """The recorder's C++ fast path (`_fastpath.cpp`): compiled on first use, once per torch and Python version.
 
 `load()` gives the compiled module, or None where it cannot be had: Python before 3.11, no C++ compiler or
-ninja, `RACEFUZZ_TRACE_FASTPATH=0`. It records an op that writes only its arguments (an in-place or `out=`
-op) two ways: below torch's dispatcher, before the op reaches the dispatch mode (`begin`/`end`, which
-`racefuzz.trace.capture.recording` brackets a recording with), and, for such an op that does reach the mode
-(one a composite op decomposed into), from the mode (`launch_op`). Recording without it takes the Python
+ninja, `RACEFUZZ_TRACE_FASTPATH=0`. It records torch ops below torch's dispatcher, before they reach the
+dispatch mode (`begin`/`end`, which `racefuzz.trace.capture.recording` brackets a recording with): ops that
+write only their arguments (in-place, `out=`) and ops that return fresh tensors from tensor inputs; and,
+from the mode (`launch_op`), an op of the first kind that does reach it (one a composite op decomposed
+into). Recording without it takes the Python
 path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly; why is
 said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default `~/.cache/racefuzz`),
 one directory per torch and Python version; concurrent processes (pytest-xdist workers) wait for one build

@@ -4,10 +4,11 @@ Frontends report to the active `Recorder`:
 
 * torch ops through `TraceMode`, a `TorchDispatchMode`: read and write sets from the op's schema
   (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
-  are not accesses), the stream from the current stream; an op that writes only its arguments through the
-  C++ fast path (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher, before the op reaches the mode,
-  or from the mode), which does what `launch_op` does with this recorder's own containers (`fast_state`)
-  and hands anything unusual back to its methods;
+  are not accesses), the stream from the current stream; most ops (in-place, `out=`, fresh outputs from
+  tensor inputs) through the C++ fast path (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher,
+  before the op reaches the mode), which does what `launch_op` / `launch` do with this recorder's own
+  containers (`fast_state`) and hands anything unusual (a new storage, a fresh output's allocation) back
+  to its methods;
 * Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.capture`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
