@@ -522,7 +522,15 @@ class Recorder:
                     taken = []
                     for snap in plan_here:
                         tensor = slots.get(snap.slot)
-                        if tensor is not None and tensor.untyped_storage().nbytes() >= snap.hi:
+                        # A nested tensor's storage is not its bytes to copy (a jagged one's copy crashed
+                        # the process), a meta tensor has none: their writes are not compared by the value
+                        # oracle.
+                        if (
+                            tensor is not None
+                            and not tensor.is_nested
+                            and not tensor.is_meta
+                            and tensor.untyped_storage().nbytes() >= snap.hi
+                        ):
                             snap.data = _storage_bytes(tensor, snap.lo, snap.hi)
                             taken.append(snap)
                     self.record.snapshots[ordinal] = taken
