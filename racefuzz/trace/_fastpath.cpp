@@ -560,8 +560,8 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // its mode the only one on torch's mode stack and that mode still is the only one there (no mode of the
 // step's own, pushed or swapped in; no outer mode or outer recording: each must see the op, or see it
 // alone), the op would reach the mode (torch has not excluded the mode's key, as it does inside
-// `torch.tensor` and under `_DisableTorchDispatch`), the recorder is neither paused nor inside an opaque
-// launch, the op is aten's (another library's op may have kernels above the mode's key that issue ops of
+// `torch.tensor` and under `_DisableTorchDispatch`), autocast is off (its kernels cast the inputs, and the
+// mode sees the casts), the recorder is neither paused nor inside an opaque launch, the op is aten's (another library's op may have kernels above the mode's key that issue ops of
 // their own) and not CompositeImplicitAutograd (the mode sees such an op's decomposition, which the
 // fallback then leaves to it), the Python helper set by `configure` says the op is one the fast path
 // records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the recording's device:
@@ -714,6 +714,9 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   if (!keys.has(c10::DispatchKey::Python)) {
     return Route::MODE;  // torch excluded the mode's key here (inside `torch.tensor`, `_DisableTorchDispatch`)
   }
+  if (keys.has_any(c10::autocast_dispatch_keyset)) {
+    return Route::MODE;  // autocast is on: its kernels, above the mode's key, cast inputs the mode then sees
+  }
   state = scope->state;
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
   for (const char* busy : {"paused", "opaque"}) {
@@ -803,9 +806,11 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
 // returned tensors). False with a Python exception.
 bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, PyObject* state, Pending& pending) {
   const bool on_gpu = PyTuple_GET_ITEM(state, ON_GPU) == Py_True;
+  // The addresses as Python's `untyped_storage().data_ptr()` gives them (a copy-on-write storage takes its
+  // own copy first, as there).
   std::vector<const void*> inputs;
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(pending.reads); ++k) {
-    inputs.push_back(THPVariable_Unpack(PyList_GET_ITEM(pending.reads, k)).storage().data());
+    inputs.push_back(THPVariable_Unpack(PyList_GET_ITEM(pending.reads, k)).storage().mutable_data());
   }
   const size_t returned = op.schema().returns().size();
   Py_ssize_t ordinal = 0;
@@ -816,7 +821,7 @@ bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, 
     const at::Tensor& tensor = stack[r].toTensor();
     const Py_ssize_t slot = ordinal++;
     if ((on_gpu && !tensor.is_cuda() && !tensor.is_pinned()) ||
-        std::find(inputs.begin(), inputs.end(), tensor.storage().data()) != inputs.end()) {
+        std::find(inputs.begin(), inputs.end(), tensor.storage().mutable_data()) != inputs.end()) {
       continue;
     }
     PyObject* wrapped = THPVariable_Wrap(tensor);
@@ -877,10 +882,13 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   Gil gil;
   c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
   bool finished;
-  {
+  try {
     NoDynamo no_dynamo;
     finished = !no_dynamo.failed && (!fresh || add_outputs(op, *stack, state, pending)) &&
                finish(state, pending, label);
+  } catch (...) {
+    pending.clear();  // a c10 error (an output without a storage, as the Python path raises too)
+    throw;
   }
   pending.clear();
   if (!finished) {

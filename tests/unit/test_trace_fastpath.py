@@ -386,6 +386,32 @@ def test_a_jagged_nested_tensor_written_in_a_reference_run_is_recorded_without_a
     assert "aten.mul_.Tensor" in [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
 
 
+def test_autocast_casts_and_a_failing_fresh_op_are_recorded_by_both_paths_alike(monkeypatch):
+    import gc
+    import sys
+
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        a, b = torch.ones(4, 4), torch.ones(4, 4)
+        with env.use(side):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                product = torch.mm(a, b)  # autocast casts a and b first: launches, storages, frees
+            x = torch.ones(4)
+            for _ in range(3):
+                with pytest.raises(RuntimeError):
+                    x.to_mkldnn()  # an output without a storage: the recorder raises, on both paths
+            references = sys.getrefcount(x)
+            del x  # its free is recorded: nothing the failed ops held keeps it alive
+        return {"product": product.float(), "references": torch.tensor(references)}
+
+    fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
+    gc.collect()
+    assert fast.trace.ops == slow.trace.ops
+    assert fast.outputs["references"] == slow.outputs["references"]
+    assert "aten._to_copy.default" in [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+
+
 def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
     import threading
 
