@@ -1,10 +1,12 @@
-"""`racefuzz bench trace`: what recording costs per op in `racefuzz trace` (the micro workload of
-`racefuzz.trace.proof`: small torch ops alternating between two streams with a `wait_stream` each).
+"""`racefuzz bench trace`: what recording costs per op in `racefuzz trace`, on two workloads of
+`racefuzz.trace.proof micro --workload`: `micro`, small in-place torch ops alternating between two streams
+with a `wait_stream` each, and `out-of-place`, `c = a + b` on one stream (a fresh tensor and a free each
+op: the workload of CSAN's ~110 us/op figure).
 
 On the GPU if there is one (the goal, 20 us/op, is the H200's), else on the CPU (CPU tensors through the
 same dispatch mode, virtual streams: no verdict). Each figure comes from `python -m racefuzz.trace.proof
 micro` in a fresh process: the unrecorded baseline has to be taken before any recorder installs racefuzz's
-`torch.cuda` patches. Twice: with the C++ fast path and with the Python path alone
+`torch.cuda` patches. Each workload twice: with the C++ fast path and with the Python path alone
 (`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on this machine.
 """
 
@@ -22,6 +24,8 @@ RUNS = 21
 """Paired rounds per figure (each round: unrecorded, recorded, recorded with snapshots)."""
 PATHS = {"fast": "1", "python": "0"}
 """Recorder path -> `RACEFUZZ_TRACE_FASTPATH`."""
+WORKLOADS = ("micro", "out-of-place")
+"""`racefuzz.trace.proof micro --workload` values (its `WORKLOADS`), in the table's order."""
 TIMEOUT_S = 900
 
 
@@ -31,16 +35,21 @@ def run(runs: int = RUNS) -> dict[str, Any]:
     except ImportError as error:
         raise BackendUnavailable(f"racefuzz bench trace needs torch ({error})") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results: dict[str, Any] = {"device": device, "runs": runs, "goal_us_per_op": GOAL_US_PER_OP}
-    for path, flag in PATHS.items():
-        print(f"racefuzz bench trace: the {path} path on {device}, {runs} rounds (a fresh process)", file=sys.stderr)
-        results[path] = _micro(device, runs, flag)
+    results: dict[str, Any] = {"device": device, "runs": runs, "goal_us_per_op": GOAL_US_PER_OP, "rows": []}
+    for workload in WORKLOADS:
+        for path, flag in PATHS.items():
+            print(
+                f"racefuzz bench trace: {workload}, the {path} path on {device}, {runs} rounds (a fresh process)",
+                file=sys.stderr,
+            )
+            results["rows"].append({"workload": workload, "path": path, **_micro(device, runs, flag, workload)})
     return results
 
 
-def _micro(device: str, runs: int, flag: str) -> dict[str, Any]:
+def _micro(device: str, runs: int, flag: str, workload: str = "micro") -> dict[str, Any]:
     """The `RECORDING` and `RECORDING-OVERHEAD` figures (medians over the rounds) of one fresh process."""
     command = [sys.executable, "-m", "racefuzz.trace.proof", "micro", "--device", device, "--runs", str(runs)]
+    command += ["--workload", workload]
     try:
         out = subprocess.run(
             command,
@@ -70,21 +79,21 @@ def _micro(device: str, runs: int, flag: str) -> dict[str, Any]:
 def render(results: dict[str, Any]) -> str:
     device, goal = results["device"], results["goal_us_per_op"]
     lines = [
-        f"racefuzz trace recording cost, micro workload, {results['runs']} paired rounds on {device} (us/op, medians)",
-        f"{'path':<8} {'unrecorded':>11} {'recorded':>9} {'overhead':>9}  verdict (goal {goal:g} us/op)",
+        f"racefuzz trace recording cost, {results['runs']} paired rounds on {device} (us/op, medians)",
+        f"{'workload':<13} {'path':<7} {'unrecorded':>11} {'recorded':>9} {'overhead':>9}  "
+        f"verdict (goal {goal:g} us/op)",
     ]
-    for path in PATHS:
-        figures = results[path]
+    for row in results["rows"]:
         if device != "cuda":
             verdict = "none on the CPU (the goal is the H200's)"
-        elif path == "python":
+        elif row["path"] == "python":
             verdict = "none (the Python path alone, for comparison)"
         else:
-            verdict = "meets" if figures["recording_overhead_us_per_op"] <= goal else "MISSES"
-        if figures["fast_path_unavailable"] and path == "fast":
+            verdict = "meets" if row["recording_overhead_us_per_op"] <= goal else "MISSES"
+        if row["fast_path_unavailable"] and row["path"] == "fast":
             verdict += "; the fast path could not be built here: this row is the Python path too"
         lines.append(
-            f"{path:<8} {figures['plain_us_per_op']:>11.2f} {figures['trace_us_per_op']:>9.2f} "
-            f"{figures['recording_overhead_us_per_op']:>9.2f}  {verdict}"
+            f"{row['workload']:<13} {row['path']:<7} {row['plain_us_per_op']:>11.2f} {row['trace_us_per_op']:>9.2f} "
+            f"{row['recording_overhead_us_per_op']:>9.2f}  {verdict}"
         )
     return "\n".join(lines)
