@@ -619,17 +619,9 @@ class Recorder:
             return
         storage = self.record.trace.storages[key]
         ops = self.record.trace.ops
-        ops.append(
-            TraceLaunch(
-                len(ops),
-                stream,
-                f"free({storage.name})",
-                "free",
-                (),
-                (Access(key, ((0, storage.nbytes),)),),
-                user_source(2),
-            )
-        )
+        whole = _tuple_new(Access, (key, ((0, storage.nbytes),)))
+        free = (len(ops), stream, f"free({storage.name})", "free", (), (whole,), user_source(2), False)
+        ops.append(_tuple_new(TraceLaunch, free))
 
     def on_record_stream(self, tensor: Any) -> None:
         """`tensor.record_stream(s)` defers the block's reuse: its free is then not modelled (see docs/trace.md)."""
