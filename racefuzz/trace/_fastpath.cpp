@@ -651,12 +651,12 @@ struct NoDynamo {
 
 struct KnownOp {
   c10::OperatorName name;
-  PyObject* info;  // (arguments, label) or None: a reference held for the process
+  PyObject* info;  // (arguments, label, fresh) or None: a reference held for the process
 };
 std::unordered_map<const c10::FunctionSchema*, KnownOp> known_ops;  // guarded by the GIL
 
-// The fast-path info of `op` (borrowed: (arguments, label), or None for an op the fallback leaves to the
-// mode), cached per op; nullptr with a Python exception.
+// The fast-path info of `op` (borrowed: (arguments, label, fresh), or None for an op the fallback leaves to
+// the mode), cached per op; nullptr with a Python exception.
 PyObject* op_info(const c10::OperatorHandle& op) {
   if (!op.hasSchema()) {
     return Py_None;
@@ -933,8 +933,8 @@ PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
-// `configure(helper, set_eval_frame)`: `helper(name, overload)` gives an op's (arguments, label) if the fast
-// path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once per op);
+// `configure(helper, set_eval_frame)`: `helper(name, overload)` gives an op's (arguments, label, fresh) if the
+// fast path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once per op);
 // `set_eval_frame` is Dynamo's (`torch._C._dynamo.eval_frame.set_eval_frame`), or None.
 PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs != 2) {

@@ -174,8 +174,8 @@ def micro_step(env: Any, ops: int = 2000) -> dict[str, Any]:
 
 def out_of_place_step(env: Any, ops: int = 2000) -> dict[str, Any]:
     """`ops` out-of-place adds on one stream, `c = a + b`: a fresh tensor each, the one before freed (its
-    block reused). The workload of CSAN's ~110 us/op figure (trace-notes.md); each op is a launch, an
-    allocation and a free, all three recorded through the dispatch mode and in Python."""
+    block reused). The workload of CSAN's ~110 us/op figure (trace-notes.md); each op is a launch and an
+    allocation, recorded below torch's dispatcher, and a free, recorded in Python."""
     import torch
 
     a = torch.ones(1024, device=env.device)
