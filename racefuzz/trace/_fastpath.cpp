@@ -1,9 +1,9 @@
 // The recorder's C++ fast path for torch ops: from the dispatch mode, an op that writes only its arguments
 // (an in-place or `out=` op); below torch's dispatcher (see "The dispatcher entry"), those and ops that
-// return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`_schema_accesses`, `current_stream`, `user_source`, `_access`),
-// the same trace op built from the same dicts, without Python's per-op interpretation. Built and loaded by
-// `racefuzz.trace.fastpath`; the Python path stays the reference (tests/unit/test_trace_fastpath.py runs
-// both on the same steps and compares the traces).
+// return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`_schema_accesses`,
+// `current_stream`, `user_source`, `_access`): the same trace op built from the same dicts, without
+// Python's per-op interpretation. Built and loaded by `racefuzz.trace.fastpath`; the Python path stays the
+// reference (tests/unit/test_trace_fastpath.py runs both on the same steps and compares the traces).
 //
 // Contract of `launch_op(state, arguments, label, func, args, kwargs)`:
 // * returns `state[BAIL]` without any side effect when the op is not for it (a tensor list argument, a
@@ -220,7 +220,8 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
       return nullptr;
     }
   }
-  PyObject* bounds = untracked(Py_BuildValue("(LL)", static_cast<long long>(start), static_cast<long long>(start + nbytes)));
+  PyObject* bounds =
+      untracked(Py_BuildValue("(LL)", static_cast<long long>(start), static_cast<long long>(start + nbytes)));
   PyObject* interval = bounds == nullptr ? nullptr : untracked(PyTuple_Pack(1, bounds));
   Py_XDECREF(bounds);
   PyObject* fields = interval == nullptr ? nullptr : PyTuple_Pack(2, key, interval);
@@ -446,8 +447,9 @@ bool finish(PyObject* state, Pending& pending, PyObject* label) {
   // The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
   PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
   PyObject* fields = index == nullptr ? nullptr
-                                      : PyTuple_Pack(8, index, pending.stream, label, PyTuple_GET_ITEM(state, KIND_TORCH),
-                                                     read_access, write_access, pending.source, Py_False);
+                                      : PyTuple_Pack(8, index, pending.stream, label,
+                                                     PyTuple_GET_ITEM(state, KIND_TORCH), read_access,
+                                                     write_access, pending.source, Py_False);
   Py_DECREF(read_access);
   Py_DECREF(write_access);
   PyObject* op = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
@@ -561,10 +563,11 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // step's own, pushed or swapped in; no outer mode or outer recording: each must see the op, or see it
 // alone), the op would reach the mode (torch has not excluded the mode's key, as it does inside
 // `torch.tensor` and under `_DisableTorchDispatch`), autocast is off (its kernels cast the inputs, and the
-// mode sees the casts), the recorder is neither paused nor inside an opaque launch, the op is aten's (another library's op may have kernels above the mode's key that issue ops of
-// their own) and not CompositeImplicitAutograd (the mode sees such an op's decomposition, which the
-// fallback then leaves to it), the Python helper set by `configure` says the op is one the fast path
-// records (`_OpInfo.fast`), and each tensor argument is a plain strided tensor on the recording's device:
+// mode sees the casts), the recorder is neither paused nor inside an opaque launch, the op is aten's
+// (another library's op may have kernels above the mode's key that issue ops of their own) and not
+// CompositeImplicitAutograd (the mode sees such an op's decomposition, which the fallback then leaves to
+// it), the Python helper set by `configure` says the op is one the fast path records (`_OpInfo.fast`, or
+// fresh outputs: `_dispatcher_op_info`), and each tensor argument is a plain strided tensor on the recording's device:
 // no tensor with the Python key (a `__torch_dispatch__` subclass), no functorch wrapper or tensor list, no
 // conjugate, negative or zero tensor, none autograd works on (requiring grad in grad mode, or with a
 // forward-mode tangent), no inference tensor outside inference mode. Those keep torch from issuing ops of
@@ -778,7 +781,8 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     if (wrapped == nullptr) {
       raise_python_error();
     }
-    Collected collected = collect(state, pending, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 3) == Py_True, wrapped);
+    Collected collected =
+        collect(state, pending, PyTuple_GET_ITEM(spec, 1), PyTuple_GET_ITEM(spec, 3) == Py_True, wrapped);
     Py_DECREF(wrapped);
     if (collected != Collected::OK) {
       if (collected == Collected::ERROR) {
