@@ -37,6 +37,9 @@ ACTIONS = {
     "index_put": 1,  # a tensor list: the mode
     "unsqueeze_squeeze": 1,  # in-place view ops on a fresh tensor: no accesses
     "sum_item": 1,  # a host sync
+    "max_dim": 1,  # two fresh outputs (values, indices)
+    "autocast_mm": 2,  # autocast's casts: the mode
+    "requires_grad": 1,  # autograd works on it: the mode
     "free": 1,  # drop a fresh tensor (its free, on the stream it was made on)
 }
 
@@ -92,6 +95,17 @@ def program_step(program: list[tuple[Any, ...]]):
                     pool.append(fresh)
                 elif name == "sum_item":
                     a.sum().item()
+                elif name == "max_dim":
+                    pool.append(a.reshape(2, 4).max(1).values.repeat(4))
+                elif name == "autocast_mm":
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        product = torch.mm(a.reshape(2, 4), b.reshape(4, 2))
+                    pool.append(product.float().reshape(-1).repeat(2))
+                elif name == "requires_grad":
+                    weight = a.detach().clone().requires_grad_()
+                    grown = weight * 2
+                    grown.mul_(weight)  # autograd saves a clone of `grown` first
+                    pool.append(grown.detach())
                 elif name == "free" and len(pool) > fixed:
                     del pool[fixed + picks[0] % (len(pool) - fixed)]
         for stream in streams:
