@@ -161,27 +161,49 @@ PyObject* current_stream(PyObject* state) {
   return name;
 }
 
+// A contiguous view's bytes in its storage: [start, start + nbytes) from the storage's base address. False
+// for a strided view or one without a plain storage (meta, sparse: the Python path says what it is).
+bool contiguous_extent(const at::Tensor& t, int64_t& start, int64_t& nbytes, uintptr_t& base) {
+  try {
+    if (!t.is_contiguous()) {
+      return false;
+    }
+    int64_t itemsize = static_cast<int64_t>(t.itemsize());
+    nbytes = t.numel() * itemsize;
+    start = t.storage_offset() * itemsize;
+    base = nbytes ? reinterpret_cast<uintptr_t>(t.data_ptr()) - static_cast<uintptr_t>(start) : 0;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The recorder's key of the storage at `base` in its current epoch (`_keys[(base, _epochs.get(base, 0))]`),
+// borrowed; nullptr for a storage it does not know yet, with an exception set only on an error.
+PyObject* known_key(PyObject* state, uintptr_t base) {
+  PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
+  if (base_obj == nullptr) {
+    return nullptr;
+  }
+  PyObject* epoch = PyDict_GetItem(PyTuple_GET_ITEM(state, EPOCHS), base_obj);
+  PyObject* zero = epoch == nullptr ? PyLong_FromLong(0) : nullptr;
+  PyObject* pair = epoch == nullptr && zero == nullptr ? nullptr : PyTuple_Pack(2, base_obj, epoch ? epoch : zero);
+  Py_XDECREF(zero);
+  Py_DECREF(base_obj);
+  if (pair == nullptr) {
+    return nullptr;
+  }
+  PyObject* key = PyDict_GetItem(PyTuple_GET_ITEM(state, KEYS), pair);
+  Py_DECREF(pair);
+  return key;
+}
+
 // `Recorder._access` of one tensor (a new reference to a tuple of `Access`), or nullptr with an exception.
 PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
-  const at::Tensor& t = THPVariable_Unpack(tensor);
   int64_t start = 0, nbytes = 0;
   uintptr_t base = 0;
-  bool contiguous = false;
-  try {
-    contiguous = t.is_contiguous();
-    if (contiguous) {
-      int64_t itemsize = static_cast<int64_t>(t.itemsize());
-      nbytes = t.numel() * itemsize;
-      start = t.storage_offset() * itemsize;
-      if (nbytes) {
-        base = reinterpret_cast<uintptr_t>(t.data_ptr()) - static_cast<uintptr_t>(start);
-      }
-    }
-  } catch (const std::exception&) {
-    contiguous = false;  // no plain storage (meta, sparse): the Python path says what it is
-  }
-  if (!contiguous) {
+  if (!contiguous_extent(THPVariable_Unpack(tensor), start, nbytes, base)) {
     PyObject* one = PyList_New(1);
     if (one == nullptr) {
       return nullptr;
@@ -195,25 +217,11 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   if (!nbytes) {
     return PyTuple_New(0);
   }
-  PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
-  if (base_obj == nullptr) {
-    return nullptr;
-  }
-  PyObject* epoch = PyDict_GetItem(PyTuple_GET_ITEM(state, EPOCHS), base_obj);
-  PyObject* zero = nullptr;
-  if (epoch == nullptr) {
-    epoch = zero = PyLong_FromLong(0);
-  }
-  PyObject* pair = epoch == nullptr ? nullptr : PyTuple_Pack(2, base_obj, epoch);
-  Py_XDECREF(zero);
-  Py_DECREF(base_obj);
-  if (pair == nullptr) {
-    return nullptr;
-  }
-  PyObject* key = PyDict_GetItem(PyTuple_GET_ITEM(state, KEYS), pair);
-  Py_DECREF(pair);
+  PyObject* key = known_key(state, base);
   if (key != nullptr) {
     Py_INCREF(key);
+  } else if (PyErr_Occurred()) {
+    return nullptr;
   } else {
     key = PyObject_CallMethod(recorder, "_storage", "OO", tensor, label);
     if (key == nullptr) {
@@ -251,39 +259,12 @@ PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
   };
   std::vector<Part> parts;
   for (Py_ssize_t k = 0; k < PyList_GET_SIZE(tensors); ++k) {
-    const at::Tensor& t = THPVariable_Unpack(PyList_GET_ITEM(tensors, k));
     int64_t start = 0, nbytes = 0;
     uintptr_t base = 0;
-    try {
-      if (!t.is_contiguous()) {
-        return nullptr;
-      }
-      int64_t itemsize = static_cast<int64_t>(t.itemsize());
-      nbytes = t.numel() * itemsize;
-      start = t.storage_offset() * itemsize;
-      if (nbytes) {
-        base = reinterpret_cast<uintptr_t>(t.data_ptr()) - static_cast<uintptr_t>(start);
-      }
-    } catch (const std::exception&) {
+    if (!contiguous_extent(THPVariable_Unpack(PyList_GET_ITEM(tensors, k)), start, nbytes, base) || !nbytes) {
       return nullptr;
     }
-    if (!nbytes) {
-      return nullptr;
-    }
-    PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
-    if (base_obj == nullptr) {
-      return nullptr;
-    }
-    PyObject* epoch = PyDict_GetItem(PyTuple_GET_ITEM(state, EPOCHS), base_obj);
-    PyObject* zero = epoch == nullptr ? PyLong_FromLong(0) : nullptr;
-    PyObject* pair = PyTuple_Pack(2, base_obj, epoch != nullptr ? epoch : zero);
-    Py_XDECREF(zero);
-    Py_DECREF(base_obj);
-    if (pair == nullptr) {
-      return nullptr;
-    }
-    PyObject* key = PyDict_GetItem(PyTuple_GET_ITEM(state, KEYS), pair);
-    Py_DECREF(pair);
+    PyObject* key = known_key(state, base);  // nullptr: unknown (the recorder's), or an error
     if (key == nullptr) {
       return nullptr;
     }

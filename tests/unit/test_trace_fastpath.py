@@ -137,6 +137,18 @@ def test_the_fast_path_records_in_place_ops_without_the_python_launch(monkeypatc
     ]
 
 
+def counting_mode(seen: list[str]) -> type:
+    """A step's own dispatch mode that appends each op it sees to `seen` and runs it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Counting
+
+
 def mode_calls(monkeypatch) -> list[str]:
     """The ops that reach racefuzz's dispatch mode from now on (its `__torch_dispatch__` counted)."""
     from racefuzz.trace.capture import _torch_mode_class
@@ -168,14 +180,9 @@ def test_in_place_ops_are_recorded_below_the_dispatch_mode(monkeypatch):
 
 
 def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeypatch):
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    seen = []
-
-    class Counting(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
+    seen: list[str] = []
+    Counting = counting_mode(seen)
 
     def step(env):
         with Counting():
@@ -235,17 +242,12 @@ def test_ops_torch_issues_above_the_mode_are_recorded_by_both_paths_alike(monkey
 
 
 def test_an_outer_mode_and_an_outer_recording_see_the_ops_of_an_inner_recording(monkeypatch):
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from racefuzz.trace.capture import recording
     from racefuzz.trace.env import TraceEnv
 
-    seen = []
-
-    class Counting(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
+    seen: list[str] = []
+    Counting = counting_mode(seen)
 
     with Counting():
         record(table_step, True, monkeypatch)
@@ -273,14 +275,10 @@ def test_an_error_after_a_fast_launch_reaches_the_step_as_itself(monkeypatch):
 
 
 def test_a_mode_the_step_swaps_in_for_racefuzzs_sees_every_op(monkeypatch):
-    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes
 
-    seen = []
-
-    class Counting(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
+    seen: list[str] = []
+    Counting = counting_mode(seen)
 
     def step(env):
         x = torch.zeros(8)
