@@ -3,11 +3,12 @@
 with a `wait_stream` each, and `out-of-place`, `c = a + b` on one stream (a fresh tensor and a free each
 op: the workload of CSAN's ~110 us/op figure).
 
-On the GPU if there is one (the goal, 20 us/op, is the H200's), else on the CPU (CPU tensors through the
-same dispatch mode, virtual streams: no verdict). Each figure comes from `python -m racefuzz.trace.proof
-micro` in a fresh process: the unrecorded baseline has to be taken before any recorder installs racefuzz's
-`torch.cuda` patches. Each workload twice: with the C++ fast path and with the Python path alone
-(`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on this machine.
+On the GPU if there is one (the goal, 20 us/op, is the H200's), else on the CPU (CPU tensors through the same
+dispatch mode, virtual streams: no verdict). Each figure comes from `python -m racefuzz.trace.proof micro` in
+a fresh process (nothing cached by an earlier figure), whose rounds time the unrecorded baseline, with torch's
+own `torch.cuda` methods, back to back with the recorded runs. Each workload twice: with the C++ fast path and
+with the Python path alone (`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on
+this machine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from racefuzz.errors import BackendUnavailable
 
 GOAL_US_PER_OP = 20.0
 RUNS = 21
-"""Paired rounds per figure (each round: unrecorded, recorded, recorded with snapshots)."""
+"""Rounds per figure (each, back to back: unrecorded with torch's own `torch.cuda` methods, unrecorded with
+racefuzz's patches, recorded, recorded with snapshots)."""
 PATHS = {"fast": "1", "python": "0"}
 """Recorder path -> `RACEFUZZ_TRACE_FASTPATH`."""
 WORKLOADS = ("micro", "out-of-place")

@@ -19,6 +19,9 @@ from racefuzz.trace.recorder import Recorder
 
 _ACTIVE: list[Recorder] = []
 _CUDA_API_PATCHED = False
+_CUDA_API_ORIGINALS: list[tuple[Any, str, Any]] = []
+"""`(owner, name, what owner.__dict__ had before the patch, or _ABSENT)` of each `torch.cuda` patch."""
+_ABSENT = object()
 _TRITON_PATCHED = False
 
 _NOT_ACCESSES = frozenset(
@@ -472,17 +475,40 @@ def _patch_cuda_api() -> None:
         recorder.on_record(name, recorder.stream_name(_raw_handle(stream)))
         recorder.on_wait(name, recorder.stream_name(self.cuda_stream))
 
-    for cls, name, replacement in (
+    for owner, name, replacement in (
         (torch.cuda.Event, "record", event_record),
         (torch.cuda.Event, "wait", event_wait),
         (torch.cuda.Event, "synchronize", event_sync),
         (torch.cuda.Event, "query", event_done),
         (torch.cuda.Stream, "synchronize", stream_sync),
         (torch.cuda.Stream, "wait_stream", pooled_wait_stream),
+        (torch.cuda, "synchronize", synchronize),
     ):
-        setattr(cls, name, functools.wraps(getattr(cls, name))(replacement))
-    torch.cuda.synchronize = functools.wraps(device_synchronize)(synchronize)
+        _CUDA_API_ORIGINALS.append((owner, name, vars(owner).get(name, _ABSENT)))
+        setattr(owner, name, functools.wraps(getattr(owner, name))(replacement))
     _CUDA_API_PATCHED = True
+
+
+@contextlib.contextmanager
+def cuda_api_unpatched() -> Iterator[None]:
+    """torch's own `torch.cuda` methods inside the block, racefuzz's patches (`_patch_cuda_api`) again after.
+
+    For the recording-cost benchmarks only: an unrecorded run inside the block is the baseline of a user
+    who never ran racefuzz, timed back to back with recorded runs in one process so that a host whose speed
+    drifts moves both alike. Not for recording (a recording inside it would miss every stream and event
+    operation) and not thread-safe (it swaps class attributes). A no-op where the patches are not installed.
+    """
+    patched = [(owner, name, getattr(owner, name)) for owner, name, _ in _CUDA_API_ORIGINALS]
+    for owner, name, original in _CUDA_API_ORIGINALS:
+        if original is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+    try:
+        yield
+    finally:
+        for owner, name, replacement in patched:
+            setattr(owner, name, replacement)
 
 
 def _patch_triton() -> None:

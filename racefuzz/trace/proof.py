@@ -4,15 +4,16 @@
 trace and the delay search's verdict (the control `none` first, then the others beside it), the cost of
 each design's step, recording cost per op against PyTorch's CUDA sanitizer (CSAN) on the same ops, and
 what CSAN reports on each design's step (each CSAN run in its own process: CSAN cannot be turned off once
-enabled). The recording costs (`cost` per design, `micro`) run in fresh processes too: once a recorder
-has run, racefuzz's `torch.cuda` patches (`racefuzz.trace.capture._patch_cuda_api`) stay installed for
-the process, and an unrecorded baseline taken after that would leave their cost to unrecorded code out.
+enabled). The recording costs (`cost` per design, `micro`) run in fresh processes too, each
+timing unrecorded runs with torch's own `torch.cuda` methods (`racefuzz.trace.capture.cuda_api_unpatched`)
+back to back with recorded ones.
 Prints everything; the raw output is committed under docs/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -53,48 +54,54 @@ def _plain_env(device: str = "cuda") -> Any:
 
 
 def _step_cost(step: Any, rounds: int, device: str = "cuda") -> dict[str, float]:
-    """The recording cost of `step` in µs, as `_overheads` measures the micro workload's: the step unrecorded
-    `rounds` times before any recorder (the first run, untimed, compiles its kernels), each beside a run
-    under an empty dispatch mode (`dispatch_floor_us`: the median paired difference), then `rounds`
-    rounds after 10 untimed ones, each the step unrecorded (racefuzz's patches now installed) and recorded as a
-    trace, back to back. Meant for a fresh process (`cost_main`): a recorder that ran before leaves the
-    patches installed and the baseline would omit them."""
+    """The recording cost of `step` in µs, as `_overheads` measures the micro workload's: after one run
+    unrecorded (it compiles the step's kernels) and 10 untimed rounds, `rounds` rounds back to back, each: the
+    step unrecorded with torch's own `torch.cuda` methods (`cuda_api_unpatched`: the baseline), under an empty
+    dispatch mode (`dispatch_floor_us`: the median difference to the baseline), unrecorded with racefuzz's
+    patches installed, and recorded as a trace. Pairing each figure with its round's baseline keeps a host
+    whose speed drifts between rounds out of the differences."""
+    from racefuzz.trace.capture import cuda_api_unpatched
+
     env = _plain_env(device)
     step(env)
     empty_mode = _empty_mode_class()
-    before, floor = [], []
-    for _ in range(rounds):
+
+    def timed(run: Any) -> float:
         start = time.perf_counter()
-        step(env)
-        middle = time.perf_counter()
+        run()
+        return (time.perf_counter() - start) * 1e6
+
+    def unpatched(run: Any) -> Any:
+        def inside() -> None:
+            with cuda_api_unpatched():
+                run()
+
+        return inside
+
+    def under_empty_mode() -> None:
         with empty_mode():
             step(env)
-        end = time.perf_counter()
-        before.append((middle - start) * 1e6)
-        floor.append((end - middle) - (middle - start))
-    plain, traced = [], []
+
+    samples: dict[str, list[float]] = {"plain_us_per_op": [], "plain_installed_us_per_op": [], "trace_us_per_op": []}
+    floor = []
     for i in range(rounds + 10):
-        start = time.perf_counter()
-        step(env)
-        middle = time.perf_counter()
-        run_once(step, device, evaluate_annotations=False, snapshot_plan={})
-        end = time.perf_counter()
+        plain = timed(unpatched(lambda: step(env)))
+        empty = timed(unpatched(under_empty_mode))
+        installed = timed(lambda: step(env))
+        traced = timed(lambda: run_once(step, device, evaluate_annotations=False, snapshot_plan={}))
         if i >= 10:
-            plain.append((middle - start) * 1e6)
-            traced.append((end - middle) * 1e6)
-    samples = {
-        "plain_us_per_op": before,
-        "plain_installed_us_per_op": plain,
-        "trace_us_per_op": traced,
-    }
+            samples["plain_us_per_op"].append(plain)
+            samples["plain_installed_us_per_op"].append(installed)
+            samples["trace_us_per_op"].append(traced)
+            floor.append(empty - plain)
     overheads = _overheads(samples, statistics.median)
     return {
-        "step_median_us": statistics.median(before),
-        "step_installed_median_us": statistics.median(plain),
-        "recorded_step_median_us": statistics.median(traced),
+        "step_median_us": statistics.median(samples["plain_us_per_op"]),
+        "step_installed_median_us": statistics.median(samples["plain_installed_us_per_op"]),
+        "recorded_step_median_us": statistics.median(samples["trace_us_per_op"]),
         "installed_us": overheads["installed_minus_plain_us_per_op"],
         "recording_us": overheads["recording_overhead_us_per_op"],
-        "dispatch_floor_us": statistics.median(floor) * 1e6,
+        "dispatch_floor_us": statistics.median(floor),
     }
 
 
@@ -192,71 +199,85 @@ WORKLOADS = {"micro": micro_step, "out-of-place": out_of_place_step}
 
 
 def recording_cost(ops: int = 2000, runs: int = 5, device: str = "cuda") -> dict[str, float]:
-    """µs per op (median of `runs`): plain before any recorder, plain after (racefuzz's patches installed),
-    recorded (trace only: no snapshots, no serialization), recorded as a reference run (a snapshot of every
-    write); and the overheads `_overheads` derives from them. `device="cpu"`: CPU tensors through the
-    dispatch mode with virtual streams (the unit tests' path), to profile the recorder where there is no GPU."""
+    """µs per op (median of `runs`): plain (torch's own `torch.cuda` methods, no recorder), plain with
+    racefuzz's patches installed, recorded (trace only: no snapshots, no serialization), recorded as a
+    reference run (a snapshot of every write); and the overheads `_overheads` derives from them.
+    `device="cpu"`: CPU tensors through the dispatch mode with virtual streams (the unit tests' path), to
+    profile the recorder where there is no GPU."""
     samples = _recording_samples(ops, runs, device)
-    return {**{k: statistics.median(v) for k, v in samples.items()}, **_overheads(samples, statistics.median)}
+    return {**{k: statistics.median(v) for k, v in samples.items()}, **_overheads(samples, statistic=statistics.median)}
 
 
-def _overheads(samples: dict[str, list[float]], statistic: Any) -> dict[str, float]:
-    """The recording overhead per op, two ways (same `statistic` over runs, median or min):
+def _overheads(samples: dict[str, list[float]], statistic: Any, paired: bool = True) -> dict[str, float]:
+    """The overheads per op (the same `statistic` over rounds, median or min). Each round of `samples` ran
+    its figures back to back, so a host whose speed drifts between rounds (the H200 hosts swing by 30-50%
+    over a minute) moves them alike; the paired figures take each round's difference to its own plain run
+    (`paired=False`: `statistic` of the figure minus `statistic` of the plain runs, as for the fastest runs,
+    where the smallest difference would pick the round whose plain run was slowed down):
 
-    * `trace_minus_plain`: recorded minus plain-before-any-recorder (the simple difference);
-    * `recording_overhead`: what the installed patches cost unrecorded code (plain after minus plain
-      before, at least 0) plus `statistic` over rounds of (recorded minus plain-after) of the same round: each
-      round runs both back to back, so a machine whose speed drifts between rounds (the H200 hosts swing
-      by 30-50% over a minute) moves both alike. This is the figure the goal is judged on.
+    * `trace_minus_plain`: `statistic` of the recorded runs minus `statistic` of the plain ones (unpaired);
+    * `installed_minus_plain`: paired, what racefuzz's installed `torch.cuda` patches cost unrecorded code
+      (negative where they make it faster: the pooled `wait_stream` makes no event per call);
+    * `recording_overhead`: paired, a recorded run against the plain run of a user who never ran racefuzz.
+      This is the figure the goal is judged on.
     """
+
+    def against_plain(figure: str) -> float:
+        if not paired:
+            return statistic(samples[figure]) - statistic(samples["plain_us_per_op"])
+        rounds = zip(samples[figure], samples["plain_us_per_op"], strict=True)
+        return statistic([measured - plain for measured, plain in rounds])
+
     plain = statistic(samples["plain_us_per_op"])
-    plain_on = statistic(samples["plain_installed_us_per_op"])
-    rounds = zip(samples["trace_us_per_op"], samples["plain_installed_us_per_op"], strict=True)
-    paired = statistic([traced - plain_round for traced, plain_round in rounds])
     figures = {"trace_minus_plain_us_per_op": statistic(samples["trace_us_per_op"]) - plain}
     if "trace_with_snapshots_us_per_op" in samples:  # the micro workload's; `_step_cost` has none
         figures["snapshots_minus_plain_us_per_op"] = statistic(samples["trace_with_snapshots_us_per_op"]) - plain
-    figures["installed_minus_plain_us_per_op"] = plain_on - plain
-    figures["recording_overhead_us_per_op"] = max(plain_on - plain, 0.0) + paired
+    figures["installed_minus_plain_us_per_op"] = against_plain("plain_installed_us_per_op")
+    figures["recording_overhead_us_per_op"] = against_plain("trace_us_per_op")
     return figures
 
 
 def _recording_samples(ops: int, runs: int, device: str, step: Any = micro_step) -> dict[str, list[float]]:
     """`recording_cost`'s samples: µs per op of each of `runs` runs of each figure.
 
-    Plain runs first, before any recorder: on the GPU the first recorder installs racefuzz's `torch.cuda`
-    patches for the rest of the process. A discarded recorded run then warms the recorder's per-op caches
-    (op schemas, source lines) and installs them. Then `runs` rounds, each: plain (patches installed),
-    recorded, recorded with snapshots. A full garbage collection before every timed run keeps one left
-    over by an earlier run out of the timed window.
+    An untimed plain run and an untimed recorded one first: the first compiles and caches the step's
+    kernels, the second warms the recorder's per-op caches (op schemas, source lines) and, on the GPU,
+    installs racefuzz's `torch.cuda` patches. Then `runs` rounds, each back to back: plain (the patches taken
+    out: `cuda_api_unpatched`), plain with the patches, recorded, recorded with snapshots. A full garbage
+    collection before every timed run keeps one left over by an earlier run out of the timed window.
     """
     import gc
 
-    from racefuzz.trace.capture import recording
+    from racefuzz.trace.capture import cuda_api_unpatched, recording
     from racefuzz.trace.env import TraceEnv
 
-    def timed(make: Any) -> float:
+    def timed(make: Any, patched: bool = True) -> float:
         gc.collect()
         recorder = make()
         if recorder is None:
             env = _plain_env(device)
-            start = time.perf_counter()
-            step(env, ops)
+            with contextlib.nullcontext() if patched else cuda_api_unpatched():
+                start = time.perf_counter()
+                step(env, ops)
+                end = time.perf_counter()
         else:
             env = TraceEnv(recorder, device)
             start = time.perf_counter()
             with recording(recorder):
                 step(env, ops)
-        return (time.perf_counter() - start) / ops * 1e6
+            end = time.perf_counter()
+        return (end - start) / ops * 1e6
 
     samples: dict[str, list[float]] = {
-        "plain_us_per_op": [timed(lambda: None) for _ in range(runs)],
+        "plain_us_per_op": [],
         "plain_installed_us_per_op": [],
         "trace_us_per_op": [],
         "trace_with_snapshots_us_per_op": [],
     }
+    timed(lambda: None)
     timed(lambda: Recorder(device, snapshot_plan={}))
     for _ in range(runs):
+        samples["plain_us_per_op"].append(timed(lambda: None, patched=False))
         samples["plain_installed_us_per_op"].append(timed(lambda: None))
         samples["trace_us_per_op"].append(timed(lambda: Recorder(device, snapshot_plan={})))
         samples["trace_with_snapshots_us_per_op"].append(timed(lambda: Recorder(device)))
@@ -265,7 +286,7 @@ def _recording_samples(ops: int, runs: int, device: str, step: Any = micro_step)
 
 def micro_main(device: str, ops: int, runs: int, profile: bool, workload: str = "micro") -> int:
     """Print the `RECORDING <workload>` line on `device` (medians, as `proof` does) and its overheads
-    (`_overheads`), and the same from the fastest run of each (`FASTEST`)."""
+    (`_overheads`, paired by round), and the same from the fastest run of each (`FASTEST`, unpaired)."""
     step = WORKLOADS[workload]
     if profile:
         import cProfile
@@ -284,10 +305,10 @@ def micro_main(device: str, ops: int, runs: int, profile: bool, workload: str = 
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return 0
     samples = _recording_samples(ops, runs, device, step)
-    for label, statistic in (("RECORDING", statistics.median), ("FASTEST", min)):
+    for label, statistic, paired in (("RECORDING", statistics.median, True), ("FASTEST", min, False)):
         figures = {k: statistic(v) for k, v in samples.items()}
         print(f"{label} {workload} device={device} ops={ops} runs={runs} " + _figures(figures))
-        print(f"{label}-OVERHEAD " + _figures(_overheads(samples, statistic)))
+        print(f"{label}-OVERHEAD " + _figures(_overheads(samples, statistic, paired)))
     return 0
 
 

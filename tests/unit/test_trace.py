@@ -660,20 +660,65 @@ def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead
     assert "recording_overhead_us_per_op=" in out
 
 
-def test_the_recording_overhead_pairs_each_round_and_never_credits_the_installed_patches():
+def test_the_recording_overhead_pairs_each_round_with_its_own_plain_run():
     from racefuzz.trace.proof import _overheads
 
     samples = {  # a machine that slows down by 10 us/op between the rounds
-        "plain_us_per_op": [20.0, 20.0, 20.0],
-        "plain_installed_us_per_op": [18.0, 28.0, 38.0],
-        "trace_us_per_op": [30.0, 40.0, 50.0],
+        "plain_us_per_op": [20.0, 30.0, 40.0],
+        "plain_installed_us_per_op": [21.0, 31.0, 41.0],
+        "trace_us_per_op": [35.0, 38.0, 52.0],
         "trace_with_snapshots_us_per_op": [60.0, 70.0, 80.0],
     }
     figures = _overheads(samples, statistics.median)
-    assert figures["recording_overhead_us_per_op"] == 8.0 + 12.0  # patches 28-20, then 12 per round
-    assert figures["trace_minus_plain_us_per_op"] == 20.0
-    samples["plain_installed_us_per_op"] = [10.0, 12.0, 14.0]  # faster with patches installed: no credit
-    assert _overheads(samples, statistics.median)["recording_overhead_us_per_op"] == 28.0
+    assert figures["recording_overhead_us_per_op"] == 12.0  # rounds: 15, 8, 12
+    assert figures["installed_minus_plain_us_per_op"] == 1.0
+    assert figures["trace_minus_plain_us_per_op"] == 38.0 - 30.0  # unpaired: the drift leaks in
+    assert _overheads(samples, min)["recording_overhead_us_per_op"] == 8.0
+    assert _overheads(samples, min, paired=False)["recording_overhead_us_per_op"] == 35.0 - 20.0
+    samples["plain_installed_us_per_op"] = [18.0, 28.0, 38.0]  # patches that make unrecorded code faster
+    assert _overheads(samples, statistics.median)["installed_minus_plain_us_per_op"] == -2.0
+
+
+def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(monkeypatch):
+    """`cuda_api_unpatched` restores what each patched owner had (deleting an attribute the patch added to a
+    subclass, so the base's method shows through) and re-installs the patches after, even on an error."""
+    from types import SimpleNamespace
+
+    from racefuzz.trace import capture
+
+    class Base:
+        def record(self) -> str:
+            return "torch's record"
+
+    class Event(Base):
+        def wait(self) -> str:
+            return "torch's wait"
+
+    module = SimpleNamespace(synchronize=lambda: "torch's synchronize")
+    originals = [(Event, "record", capture._ABSENT), (Event, "wait", Event.__dict__["wait"])]
+    originals.append((module, "synchronize", module.synchronize))
+    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", originals)
+    Event.record = lambda self: "patched record"
+    Event.wait = lambda self: "patched wait"
+    module.synchronize = lambda: "patched synchronize"
+    with capture.cuda_api_unpatched():
+        assert (Event().record(), Event().wait(), module.synchronize()) == (
+            "torch's record",
+            "torch's wait",
+            "torch's synchronize",
+        )
+        assert "record" not in vars(Event)
+    assert (Event().record(), Event().wait(), module.synchronize()) == (
+        "patched record",
+        "patched wait",
+        "patched synchronize",
+    )
+    with pytest.raises(RuntimeError, match="the baseline failed"), capture.cuda_api_unpatched():
+        raise RuntimeError("the baseline failed")
+    assert Event().record() == "patched record"
+    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", [])
+    with capture.cuda_api_unpatched():  # no patches installed: nothing to take out
+        assert Event().record() == "patched record"
 
 
 def test_the_step_cost_pairs_each_run_with_an_empty_dispatch_mode_on_the_cpu():
