@@ -22,6 +22,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
@@ -36,7 +37,7 @@
 
 namespace {
 
-// Indices into the state tuple `Recorder.fast_state()` builds.
+// Indices into the state tuple `Recorder.fast_state()` builds: the recorder's own containers.
 enum State {
   RECORDER,
   BAIL,
@@ -51,28 +52,49 @@ enum State {
   ON_GPU,
   RAW_STREAM,
   DEVICE_INDEX,
+  ALLOC_STREAM,
+  RECORDED_STREAMS,
+  ADDRESS_OF,
+  WATCHED,
+  GIVEN_NAMES,
+  STORAGES,
+  KEEP,
+  WATCH_FREES,
+  SELF_REF,
+  STATE_SIZE
+};
+
+// Indices into the tuple `racefuzz.trace.recorder.fast_constants()` gives `configure`: the trace's types and
+// `user_source`'s caches and helpers, the same for every recorder of the process.
+enum Constant {
   TRACE_LAUNCH,
   ACCESS,
+  STORAGE,
   LIBRARY_CODE,
   SOURCES,
   CODE_IS_LIBRARY,
   FRAME_SOURCE,
   KIND_TORCH,
-  STATE_SIZE
+  KIND_FREE,
+  CONSTANTS_SIZE
 };
+
+PyObject* constants = nullptr;  // set by `configure`; held for the process
+
+PyObject* constant(Constant which) { return PyTuple_GET_ITEM(constants, which); }
 
 // `user_source` from `frame` outwards: a new reference to `file:line (function)` of the first frame outside
 // the recorder, torch, Triton and Hypothesis (the caches of racefuzz.trace.recorder, filled through its
 // Python helpers on a miss), "" if there is none; nullptr with an exception if a helper raised.
-PyObject* user_source(PyObject* state, PyFrameObject* frame) {
-  PyObject* library = PyTuple_GET_ITEM(state, LIBRARY_CODE);
-  PyObject* sources = PyTuple_GET_ITEM(state, SOURCES);
+PyObject* user_source(PyFrameObject* frame) {
+  PyObject* library = constant(LIBRARY_CODE);
+  PyObject* sources = constant(SOURCES);
   Py_XINCREF(frame);
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     PyObject* known = PyDict_GetItem(library, reinterpret_cast<PyObject*>(code));
     if (known == nullptr) {
-      known = PyObject_CallOneArg(PyTuple_GET_ITEM(state, CODE_IS_LIBRARY), reinterpret_cast<PyObject*>(code));
+      known = PyObject_CallOneArg(constant(CODE_IS_LIBRARY), reinterpret_cast<PyObject*>(code));
       if (known == nullptr) {
         Py_DECREF(code);
         Py_DECREF(frame);
@@ -93,7 +115,7 @@ PyObject* user_source(PyObject* state, PyFrameObject* frame) {
       if (source != nullptr) {
         Py_INCREF(source);
       } else {
-        source = PyObject_CallOneArg(PyTuple_GET_ITEM(state, FRAME_SOURCE), reinterpret_cast<PyObject*>(frame));
+        source = PyObject_CallOneArg(constant(FRAME_SOURCE), reinterpret_cast<PyObject*>(frame));
       }
       Py_DECREF(frame);
       return source;
@@ -198,6 +220,308 @@ PyObject* known_key(PyObject* state, uintptr_t base) {
   return key;
 }
 
+// ---- Storages: new ones, allocations, frees ---------------------------------------------------------------
+//
+// What `Recorder._storage` (a storage seen for the first time), `Recorder.allocated` (a fresh output) and
+// `Recorder._watch` / `Recorder.on_free` (a storage's death as a free) do, on the same containers: the fast
+// path's fresh outputs (`c = a + b`: an allocation, a new storage and, when the block is reused, a free per
+// op) would otherwise call into Python three times an op. A storage the recorder has placed at another
+// address (grown in place) is handed to `Recorder._watch`, which records its old block's free.
+
+// Attribute names the free callback reads from the recorder, interned once (`PyInit`).
+struct Names {
+  PyObject *active, *paused, *record, *trace, *storages, *ops, *watched, *address_of, *epochs, *alloc_stream,
+      *keys, *recorded_streams, *nbytes, *name;
+};
+Names names;
+
+bool intern_names() {
+  struct Entry {
+    PyObject** slot;
+    const char* text;
+  };
+  for (Entry entry : {Entry{&names.active, "active"}, Entry{&names.paused, "paused"}, Entry{&names.record, "record"},
+                      Entry{&names.trace, "trace"}, Entry{&names.storages, "storages"}, Entry{&names.ops, "ops"},
+                      Entry{&names.watched, "_watched"}, Entry{&names.address_of, "_address_of"},
+                      Entry{&names.epochs, "_epochs"}, Entry{&names.alloc_stream, "_alloc_stream"},
+                      Entry{&names.keys, "_keys"}, Entry{&names.recorded_streams, "_recorded_streams"},
+                      Entry{&names.nbytes, "nbytes"}, Entry{&names.name, "name"}}) {
+    *entry.slot = PyUnicode_InternFromString(entry.text);
+    if (*entry.slot == nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `dictionary.pop(key, None)`: a new reference, or nullptr (an exception set only on an error).
+PyObject* pop(PyObject* dictionary, PyObject* key) {
+  PyObject* value = PyDict_GetItemWithError(dictionary, key);
+  if (value == nullptr) {
+    return nullptr;
+  }
+  Py_INCREF(value);
+  if (PyDict_DelItem(dictionary, key) < 0) {
+    Py_DECREF(value);
+    return nullptr;
+  }
+  return value;
+}
+
+// `dictionary.get(key, 0)` (a new reference), nullptr with an exception on an error.
+PyObject* get_or_zero(PyObject* dictionary, PyObject* key) {
+  PyObject* value = PyDict_GetItemWithError(dictionary, key);
+  if (value != nullptr) {
+    Py_INCREF(value);
+    return value;
+  }
+  return PyErr_Occurred() ? nullptr : PyLong_FromLong(0);
+}
+
+// A recorder's attributes the free callback needs, each a new reference (released by the destructor).
+struct FreeTargets {
+  PyObject *watched = nullptr, *address_of = nullptr, *epochs = nullptr, *alloc_stream = nullptr, *keys = nullptr,
+           *recorded_streams = nullptr, *storages = nullptr, *ops = nullptr;
+  bool load(PyObject* recorder) {
+    PyObject* record = PyObject_GetAttr(recorder, names.record);
+    PyObject* trace = record == nullptr ? nullptr : PyObject_GetAttr(record, names.trace);
+    Py_XDECREF(record);
+    if (trace == nullptr) {
+      return false;
+    }
+    storages = PyObject_GetAttr(trace, names.storages);
+    ops = PyObject_GetAttr(trace, names.ops);
+    Py_DECREF(trace);
+    watched = PyObject_GetAttr(recorder, names.watched);
+    address_of = PyObject_GetAttr(recorder, names.address_of);
+    epochs = PyObject_GetAttr(recorder, names.epochs);
+    alloc_stream = PyObject_GetAttr(recorder, names.alloc_stream);
+    keys = PyObject_GetAttr(recorder, names.keys);
+    recorded_streams = PyObject_GetAttr(recorder, names.recorded_streams);
+    return storages && ops && watched && address_of && epochs && alloc_stream && keys && recorded_streams;
+  }
+  ~FreeTargets() {
+    for (PyObject* held : {watched, address_of, epochs, alloc_stream, keys, recorded_streams, storages, ops}) {
+      Py_XDECREF(held);
+    }
+  }
+};
+
+// `Recorder.on_free(ptr)`: the storage at `ptr` died; its epoch ends, and if it was allocated while recording
+// on a known stream (and not handed to `record_stream`), a `free(<name>)` launch writing its whole block on
+// that stream is appended, with the source line the free happened at. False with a Python exception.
+bool on_free(PyObject* recorder, PyObject* ptr) {
+  FreeTargets at;
+  if (!at.load(recorder)) {
+    return false;
+  }
+  PyObject* watched = pop(at.watched, ptr);
+  if (watched == nullptr && PyErr_Occurred()) {
+    return false;
+  }
+  if (watched != nullptr) {
+    PyObject* gone = pop(at.address_of, PyTuple_GET_ITEM(watched, 1));
+    Py_DECREF(watched);
+    if (gone == nullptr && PyErr_Occurred()) {
+      return false;
+    }
+    Py_XDECREF(gone);
+  }
+  PyObject* epoch = get_or_zero(at.epochs, ptr);
+  PyObject* one = PyLong_FromLong(1);
+  PyObject* next = epoch == nullptr || one == nullptr ? nullptr : PyNumber_Add(epoch, one);
+  Py_XDECREF(one);
+  bool ok = next != nullptr && PyDict_SetItem(at.epochs, ptr, next) == 0;
+  Py_XDECREF(next);
+  PyObject* stream = ok ? pop(at.alloc_stream, ptr) : nullptr;
+  ok = ok && !PyErr_Occurred();
+  PyObject* pair = ok ? PyTuple_Pack(2, ptr, epoch) : nullptr;
+  Py_XDECREF(epoch);
+  PyObject* key = pair == nullptr ? nullptr : PyDict_GetItemWithError(at.keys, pair);  // borrowed
+  Py_XDECREF(pair);
+  ok = pair != nullptr && !PyErr_Occurred();
+  int recorded_stream = ok ? PySet_Discard(at.recorded_streams, ptr) : -1;  // 1: it was there
+  PyObject* paused = recorded_stream < 0 ? nullptr : PyObject_GetAttr(recorder, names.paused);
+  int is_paused = paused == nullptr ? -1 : PyObject_IsTrue(paused);
+  Py_XDECREF(paused);
+  if (is_paused < 0) {
+    Py_XDECREF(stream);
+    return false;
+  }
+  if (is_paused || key == nullptr || stream == nullptr || recorded_stream == 1) {
+    Py_XDECREF(stream);
+    return true;
+  }
+  Py_INCREF(key);
+  PyObject* storage = PyDict_GetItemWithError(at.storages, key);  // borrowed
+  PyObject* nbytes = storage == nullptr ? nullptr : PyObject_GetAttr(storage, names.nbytes);
+  PyObject* name = nbytes == nullptr ? nullptr : PyObject_GetAttr(storage, names.name);
+  PyObject* kernel = name == nullptr ? nullptr : PyUnicode_FromFormat("free(%S)", name);
+  PyObject* zero = kernel == nullptr ? nullptr : PyLong_FromLong(0);
+  PyObject* bounds = zero == nullptr ? nullptr : untracked(PyTuple_Pack(2, zero, nbytes));
+  PyObject* interval = bounds == nullptr ? nullptr : untracked(PyTuple_Pack(1, bounds));
+  PyObject* fields = interval == nullptr ? nullptr : PyTuple_Pack(2, key, interval);
+  PyObject* whole = fields == nullptr ? nullptr : make(constant(ACCESS), fields);
+  PyObject* writes = whole == nullptr ? nullptr : untracked(PyTuple_Pack(1, whole));
+  PyObject* source = writes == nullptr ? nullptr : user_source(PyEval_GetFrame());
+  PyObject* index = source == nullptr ? nullptr : PyLong_FromSsize_t(PyList_GET_SIZE(at.ops));
+  PyObject* reads = index == nullptr ? nullptr : PyTuple_New(0);
+  PyObject* op_fields = reads == nullptr ? nullptr
+                                         : PyTuple_Pack(8, index, stream, kernel, constant(KIND_FREE), reads, writes,
+                                                        source, Py_False);
+  PyObject* op = op_fields == nullptr ? nullptr : make(constant(TRACE_LAUNCH), op_fields);
+  ok = op != nullptr && PyList_Append(at.ops, op) == 0;
+  if (!ok && storage == nullptr && !PyErr_Occurred()) {
+    PyErr_SetObject(PyExc_KeyError, key);
+  }
+  for (PyObject* held : {key, stream, nbytes, name, kernel, zero, bounds, interval, fields, whole, writes, source,
+                         index, reads, op_fields, op}) {
+    Py_XDECREF(held);
+  }
+  return ok;
+}
+
+// The callback of a weak reference to a storage the fast path watches (`bound`: the recorder's weak
+// reference and the storage's address), as `racefuzz.trace.recorder._storage_freed`: the storage's free,
+// if its recorder is still recording.
+PyObject* storage_freed(PyObject* bound, PyObject* /*weakref*/) {
+  PyObject* recorder = PyWeakref_GetObject(PyTuple_GET_ITEM(bound, 0));  // borrowed; None once it is gone
+  if (recorder == nullptr) {
+    return nullptr;
+  }
+  if (recorder == Py_None) {
+    Py_RETURN_NONE;
+  }
+  Py_INCREF(recorder);
+  PyObject* active = PyObject_GetAttr(recorder, names.active);
+  int is_active = active == nullptr ? -1 : PyObject_IsTrue(active);
+  Py_XDECREF(active);
+  bool ok = is_active >= 0 && (is_active == 0 || on_free(recorder, PyTuple_GET_ITEM(bound, 1)));
+  Py_DECREF(recorder);
+  if (!ok) {
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef storage_freed_def = {"storage_freed", storage_freed, METH_O,
+                                 "A watched storage died: its free, if its recorder is recording."};
+
+// `Recorder._watch(storage, ptr)` (`storage` a Python storage object, `ptr` its address): the storage is known
+// at `ptr`, and with frees watched its death calls `storage_freed`. A storage the recorder knows at another
+// address goes to `Recorder._watch` itself (its old block's free). False with a Python exception.
+bool watch(PyObject* state, PyObject* storage, PyObject* ptr) {
+  PyObject* identity = PyLong_FromVoidPtr(storage);  // `id(storage)`
+  if (identity == nullptr) {
+    return false;
+  }
+  PyObject* address_of = PyTuple_GET_ITEM(state, ADDRESS_OF);
+  PyObject* old = PyDict_GetItemWithError(address_of, identity);
+  if (old != nullptr || PyErr_Occurred()) {
+    int same = old == nullptr ? -1 : PyObject_RichCompareBool(old, ptr, Py_EQ);
+    Py_DECREF(identity);
+    if (same != 0) {
+      return same == 1;
+    }
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_watch", "OO", storage, ptr);
+    Py_XDECREF(none);
+    return none != nullptr;
+  }
+  bool ok = PyDict_SetItem(address_of, identity, ptr) == 0;
+  if (!ok || PyTuple_GET_ITEM(state, WATCH_FREES) != Py_True) {
+    Py_DECREF(identity);
+    return ok;
+  }
+  PyObject* watched = PyTuple_GET_ITEM(state, WATCHED);
+  PyObject* previous = PyDict_GetItemWithError(watched, ptr);  // borrowed
+  int another = previous == nullptr ? 0 : PyObject_RichCompareBool(PyTuple_GET_ITEM(previous, 1), identity, Py_NE);
+  if (another == 1) {
+    // Another storage known at this address moved without the recorder seeing it: forget where it was.
+    PyObject* gone = pop(address_of, PyTuple_GET_ITEM(previous, 1));
+    Py_XDECREF(gone);
+  } else if (another == 0 && !PyErr_Occurred()) {
+    another = PySet_Discard(PyTuple_GET_ITEM(state, RECORDED_STREAMS), ptr) < 0 ? -1 : 0;
+  }
+  PyObject* bound = another < 0 || PyErr_Occurred() ? nullptr : PyTuple_Pack(2, PyTuple_GET_ITEM(state, SELF_REF), ptr);
+  PyObject* callback = bound == nullptr ? nullptr : PyCFunction_New(&storage_freed_def, bound);
+  PyObject* reference = callback == nullptr ? nullptr : PyWeakref_NewRef(storage, callback);
+  PyObject* entry = reference == nullptr ? nullptr : PyTuple_Pack(2, reference, identity);
+  ok = entry != nullptr && PyDict_SetItem(watched, ptr, entry) == 0;
+  for (PyObject* held : {identity, bound, callback, reference, entry}) {
+    Py_XDECREF(held);
+  }
+  return ok;
+}
+
+// `Recorder.allocated(tensor)`: `tensor` (a fresh output) was allocated on `stream`, the op's; its free is
+// a write on that stream, and with frees watched it is watched from now on. False with a Python exception.
+bool allocated(PyObject* state, const at::Tensor& tensor, PyObject* stream) {
+  const c10::Storage& storage = tensor.storage();
+  void* data = storage.mutable_data();  // as Python's `untyped_storage().data_ptr()`
+  if (data == nullptr) {
+    return true;
+  }
+  PyObject* ptr = PyLong_FromVoidPtr(data);
+  bool ok = ptr != nullptr && PyDict_SetItem(PyTuple_GET_ITEM(state, ALLOC_STREAM), ptr, stream) == 0 &&
+            PySet_Discard(PyTuple_GET_ITEM(state, RECORDED_STREAMS), ptr) >= 0;
+  if (ok && PyTuple_GET_ITEM(state, WATCH_FREES) == Py_True) {
+    PyObject* python_storage = THPStorage_Wrap(storage);
+    ok = python_storage != nullptr && watch(state, python_storage, ptr);
+    Py_XDECREF(python_storage);
+  }
+  Py_XDECREF(ptr);
+  return ok;
+}
+
+// `Recorder._storage(tensor, label)` for a storage the recorder has no key for in its current epoch: a new
+// key (a new reference) and its `Storage` (named as the step named it, else `tmp<key> (<label>)`), the
+// storage kept alive (frees not watched) or watched. nullptr with a Python exception.
+PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
+  const c10::Storage& storage = tensor.storage();
+  void* data = storage.mutable_data();
+  PyObject* ptr = PyLong_FromVoidPtr(data);
+  PyObject* epoch = ptr == nullptr ? nullptr : get_or_zero(PyTuple_GET_ITEM(state, EPOCHS), ptr);
+  PyObject* pair = epoch == nullptr ? nullptr : PyTuple_Pack(2, ptr, epoch);
+  Py_XDECREF(epoch);
+  PyObject* keys = PyTuple_GET_ITEM(state, KEYS);
+  PyObject* key = pair == nullptr ? nullptr : PyLong_FromSsize_t(PyDict_GET_SIZE(keys));
+  bool ok = key != nullptr && PyDict_SetItem(keys, pair, key) == 0;
+  Py_XDECREF(pair);
+  PyObject* given = ok ? PyDict_GetItemWithError(PyTuple_GET_ITEM(state, GIVEN_NAMES), ptr) : nullptr;  // borrowed
+  int named = given == nullptr ? (ok && !PyErr_Occurred() ? 0 : -1) : PyObject_IsTrue(given);
+  PyObject* name = nullptr;
+  if (named == 1) {
+    name = given;
+    Py_INCREF(name);
+  } else if (named == 0) {
+    name = PyUnicode_FromFormat("tmp%S (%S)", key, label);
+  }
+  PyObject* record = nullptr;
+  if (name != nullptr) {
+    const int64_t itemsize = static_cast<int64_t>(tensor.itemsize());
+    const int64_t row_bytes = tensor.dim() == 2 ? tensor.stride(0) * itemsize : 0;
+    record = PyObject_CallFunction(constant(STORAGE), "OOLLL", key, name, static_cast<long long>(storage.nbytes()),
+                                   static_cast<long long>(itemsize), static_cast<long long>(row_bytes));
+  }
+  ok = record != nullptr && PyDict_SetItem(PyTuple_GET_ITEM(state, STORAGES), key, record) == 0;
+  PyObject* python_storage = ok ? THPStorage_Wrap(storage) : nullptr;
+  ok = python_storage != nullptr;
+  if (ok && PyTuple_GET_ITEM(state, WATCH_FREES) != Py_True) {
+    ok = PyList_Append(PyTuple_GET_ITEM(state, KEEP), python_storage) == 0;  // its address not reused in the run
+  }
+  if (ok && data != nullptr) {
+    ok = watch(state, python_storage, ptr);
+  }
+  for (PyObject* held : {ptr, name, record, python_storage}) {
+    Py_XDECREF(held);
+  }
+  if (!ok) {
+    Py_XDECREF(key);
+    return nullptr;
+  }
+  return key;
+}
+
 // `Recorder._access` of one tensor (a new reference to a tuple of `Access`), or nullptr with an exception.
 PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
@@ -223,7 +547,7 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   } else if (PyErr_Occurred()) {
     return nullptr;
   } else {
-    key = PyObject_CallMethod(recorder, "_storage", "OO", tensor, label);
+    key = new_key(state, THPVariable_Unpack(tensor), label);
     if (key == nullptr) {
       return nullptr;
     }
@@ -238,7 +562,7 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   if (fields == nullptr) {
     return nullptr;
   }
-  PyObject* item = make(PyTuple_GET_ITEM(state, ACCESS), fields);
+  PyObject* item = make(constant(ACCESS), fields);
   Py_DECREF(fields);
   if (item == nullptr) {
     return nullptr;
@@ -307,7 +631,7 @@ PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
     }
     PyObject* fields = runs == nullptr ? nullptr : PyTuple_Pack(2, by_storage[k].first, untracked(runs));
     Py_XDECREF(runs);
-    PyObject* item = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, ACCESS), fields);
+    PyObject* item = fields == nullptr ? nullptr : make(constant(ACCESS), fields);
     Py_XDECREF(fields);
     if (item == nullptr) {
       Py_DECREF(result);
@@ -396,7 +720,7 @@ Collected begin(PyObject* state, Pending& pending) {
   if (pending.stream == nullptr) {
     return Collected::BAIL;
   }
-  pending.source = user_source(state, PyEval_GetFrame());
+  pending.source = user_source(PyEval_GetFrame());
   if (pending.source == nullptr) {
     return Collected::ERROR;
   }
@@ -429,11 +753,11 @@ bool finish(PyObject* state, Pending& pending, PyObject* label) {
   PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
   PyObject* fields = index == nullptr ? nullptr
                                       : PyTuple_Pack(8, index, pending.stream, label,
-                                                     PyTuple_GET_ITEM(state, KIND_TORCH), read_access,
+                                                     constant(KIND_TORCH), read_access,
                                                      write_access, pending.source, Py_False);
   Py_DECREF(read_access);
   Py_DECREF(write_access);
-  PyObject* op = fields == nullptr ? nullptr : make(PyTuple_GET_ITEM(state, TRACE_LAUNCH), fields);
+  PyObject* op = fields == nullptr ? nullptr : make(constant(TRACE_LAUNCH), fields);
   Py_XDECREF(fields);
   bool appended = op != nullptr && PyList_Append(ops, op) == 0 && PyList_Append(launch_ops, index) == 0;
   Py_XDECREF(op);
@@ -455,8 +779,19 @@ bool valid_state(PyObject* state) {
   return PyTuple_CheckExact(state) && PyTuple_GET_SIZE(state) == STATE_SIZE;
 }
 
+// Whether `configure` has run (else a Python exception).
+bool configured() {
+  if (constants == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "the fast path is used before configure(helper, set_eval_frame, constants)");
+  }
+  return constants != nullptr;
+}
+
 // The dispatch mode's entry: see the contract at the top.
 PyObject* launch_op_impl(PyObject* const* argv, Py_ssize_t nargs) {
+  if (!configured()) {
+    return nullptr;
+  }
   if (nargs != 6 || !valid_state(argv[0]) || !PyTuple_Check(argv[1]) || !PyTuple_Check(argv[4]) ||
       !PyDict_Check(argv[5])) {
     PyErr_SetString(PyExc_TypeError, "launch_op(state, arguments, label, func, args, kwargs)");
@@ -787,7 +1122,7 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
 
 // The fresh tensors `op` returned (on `stack` now), as the Python path's `fresh(out)` takes them: each on the
 // recording's device (or pinned) and not on the storage of one of the op's reads (a view the schema does
-// not declare) is allocated (`recorder.allocated`) and written, as slot `out<i>` (`i` counting the
+// not declare) is allocated (`allocated`) and written, as slot `out<i>` (`i` counting the
 // returned tensors). False with a Python exception.
 bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, PyObject* state, Pending& pending) {
   const bool on_gpu = PyTuple_GET_ITEM(state, ON_GPU) == Py_True;
@@ -813,12 +1148,10 @@ bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, 
     if (wrapped == nullptr) {
       return false;
     }
-    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "allocated", "O", wrapped);
-    PyObject* name = none == nullptr ? nullptr : PyUnicode_FromFormat("out%zd", slot);
+    PyObject* name = allocated(state, tensor, pending.stream) ? PyUnicode_FromFormat("out%zd", slot) : nullptr;
     PyObject* pair = name == nullptr ? nullptr : PyTuple_Pack(2, name, wrapped);
     bool appended = pair != nullptr && PyList_Append(pending.writes, pair) == 0 &&
                     PyList_Append(pending.written, wrapped) == 0;
-    Py_XDECREF(none);
     Py_XDECREF(name);
     Py_XDECREF(pair);
     Py_DECREF(wrapped);
@@ -884,6 +1217,9 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
 // `begin(state)`: record the fast ops of the recording that `state` (`Recorder.fast_state()`) is of, on this
 // thread, from now until the matching `end()`; the recording's mode must be the top of torch's mode stack.
 PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
+  if (!configured()) {
+    return nullptr;
+  }
   if (!valid_state(state)) {
     PyErr_SetString(PyExc_TypeError, "begin(state): a Recorder.fast_state() tuple");
     return nullptr;
@@ -918,12 +1254,13 @@ PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
-// `configure(helper, set_eval_frame)`: `helper(name, overload)` gives an op's (arguments, label, fresh) if the
-// fast path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once per op);
-// `set_eval_frame` is Dynamo's (`torch._C._dynamo.eval_frame.set_eval_frame`), or None.
+// `configure(helper, set_eval_frame, constants)`: `helper(name, overload)` gives an op's (arguments, label,
+// fresh) if the fast path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once
+// per op); `set_eval_frame` is Dynamo's (`torch._C._dynamo.eval_frame.set_eval_frame`), or None;
+// `constants` is `racefuzz.trace.recorder.fast_constants()` (see `Constant`). Before any other call.
 PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "configure(helper, set_eval_frame)");
+  if (nargs != 3 || !PyTuple_CheckExact(argv[2]) || PyTuple_GET_SIZE(argv[2]) != CONSTANTS_SIZE) {
+    PyErr_SetString(PyExc_TypeError, "configure(helper, set_eval_frame, constants)");
     return nullptr;
   }
   Py_INCREF(argv[0]);
@@ -931,6 +1268,8 @@ PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
   PyObject* dynamo = argv[1] == Py_None ? nullptr : argv[1];
   Py_XINCREF(dynamo);
   Py_XSETREF(set_eval_frame, dynamo);
+  Py_INCREF(argv[2]);
+  Py_XSETREF(constants, argv[2]);
   for (auto& known : known_ops) {
     Py_DECREF(known.second.info);
   }
@@ -944,7 +1283,7 @@ PyMethodDef methods[] = {
     {"begin", begin_recording, METH_O, "Record fast ops below the dispatch mode on this thread (see the source)."},
     {"end", end_recording, METH_NOARGS, "End the innermost `begin` on this thread."},
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
-     "The Python helper saying which ops the fast path records, and Dynamo's set_eval_frame."},
+     "The Python helper saying which ops the fast path records, Dynamo's set_eval_frame, the recorder's constants."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "racefuzz_trace_fastpath", nullptr, -1, methods};
@@ -957,6 +1296,9 @@ std::unique_ptr<torch::Library> registration;
 }  // namespace
 
 PyMODINIT_FUNC PyInit_racefuzz_trace_fastpath() {
+  if (!intern_names()) {
+    return nullptr;
+  }
   if (registration == nullptr) {
     try {
       if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kTraceKey)) {

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from racefuzz.trace import fastpath
 from racefuzz.trace.model import HOST
-from racefuzz.trace.recorder import Recorder
+from racefuzz.trace.recorder import Recorder, fast_constants
 
 _ACTIVE: list[Recorder] = []
 _CUDA_API_PATCHED = False
@@ -586,7 +586,7 @@ def _dispatcher_fast_path(module: Any) -> None:
     """Tell the C++ fast path's dispatcher entry which ops it records (once per process)."""
     global _DISPATCHER_HELPER_SET
     if not _DISPATCHER_HELPER_SET:
-        module.configure(_dispatcher_op_info, _set_eval_frame)
+        module.configure(_dispatcher_op_info, _set_eval_frame, fast_constants())
         _DISPATCHER_HELPER_SET = True
 
 

@@ -6,9 +6,10 @@ Frontends report to the active `Recorder`:
   (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
   are not accesses), the stream from the current stream; most ops (in-place, `out=`, fresh outputs from
   tensor inputs) through the C++ fast path (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher,
-  before the op reaches the mode), which does what `launch_op` / `launch` do with this recorder's own
-  containers (`fast_state`) and hands anything unusual (a new storage, a fresh output's allocation) back
-  to its methods;
+  before the op reaches the mode), which does what `launch_op` / `launch` do, and what `_storage`,
+  `allocated`, `_watch` and `on_free` do for its ops' new storages, fresh outputs and their frees, with this
+  recorder's own containers (`fast_state`), and hands anything unusual (a strided view's accesses, a
+  storage grown in place) back to its methods;
 * Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.capture`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
@@ -237,7 +238,8 @@ class Recorder:
 
     def fast_state(self, bail: object) -> tuple[Any, ...]:
         """What the C++ fast path (`racefuzz.trace._fastpath.cpp`, its `State` enum in this order) reads and
-        appends to: this recorder's own containers, so a trace op it makes is the one `launch_op` would."""
+        appends to: this recorder's own containers, so a trace op, storage, allocation or free it records is
+        the one `launch_op`, `_storage`, `allocated` and `on_free` would."""
         if self.on_gpu:
             _current_raw_stream(self.device_index)  # looks torch's function up once
         return (
@@ -254,13 +256,15 @@ class Recorder:
             self.on_gpu,
             _raw_stream if self.on_gpu else None,
             self.device_index,
-            TraceLaunch,
-            Access,
-            _LIBRARY_CODE,
-            _SOURCES,
-            _code_is_library,
-            _frame_source,
-            "torch",
+            self._alloc_stream,
+            self._recorded_streams,
+            self._address_of,
+            self._watched,
+            self._given_names,
+            self.record.trace.storages,
+            self._keep,
+            self.watch_frees,
+            self._self_ref,
         )
 
     # --- names -------------------------------------------------------------------------------------
@@ -681,6 +685,12 @@ class Recorder:
         finally:
             self.paused -= 1
         return self.launch(kernel, kind, call, reads, writes)
+
+
+def fast_constants() -> tuple[Any, ...]:
+    """What the C++ fast path's `configure` takes (its `Constant` enum, in this order): the trace's types and
+    `user_source`'s caches and helpers."""
+    return (TraceLaunch, Access, Storage, _LIBRARY_CODE, _SOURCES, _code_is_library, _frame_source, "torch", "free")
 
 
 def _storage_freed(recorder_ref: Callable[[], Recorder | None], ptr: int, _storage_ref: Any) -> None:

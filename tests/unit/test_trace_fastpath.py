@@ -81,6 +81,23 @@ def reads_step(env):
     return {f"out{i}": out for i, out in enumerate(outs)}
 
 
+def frees_step(env):
+    """Fresh outputs freed and their blocks reused (the out-of-place workload), and one handed to
+    `record_stream` (its free then not modelled)."""
+    a, b = torch.ones(64), torch.ones(64)
+    side = env.stream("side")
+    side.wait_stream(env.current_stream())
+    c = a
+    for _ in range(4):
+        c = a + b  # the previous `c` freed, its block handed to the next
+    with env.use(side):
+        kept = a * 2
+    env._recorder.on_record_stream(kept)  # what `kept.record_stream(stream)` reports (a CUDA-only op)
+    del kept
+    env.current_stream().wait_stream(side)
+    return {"c": c}
+
+
 def record(step, fast: bool, monkeypatch, **options):
     with monkeypatch.context() as patch:
         if not fast:
@@ -110,6 +127,21 @@ def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options
         for mine, theirs in zip(snaps, slow.snapshots[ordinal], strict=True):
             assert torch.equal(mine.data, theirs.data)
     assert all(torch.equal(fast.outputs[k], slow.outputs[k]) for k in slow.outputs)
+
+
+def test_the_fast_path_records_fresh_outputs_new_storages_and_frees_as_the_python_path_does(monkeypatch):
+    fast = record(frees_step, True, monkeypatch, watch_frees=True, snapshot_plan={})
+    slow = record(frees_step, False, monkeypatch, watch_frees=True, snapshot_plan={})
+    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+    frees = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "free"]
+    adds = [op for op in fast.trace.ops if getattr(op, "kernel", None) == "aten.add.Tensor"]
+    # Three of the four `c`s died in the step (`a` and `b` with its locals); `kept` was handed to `record_stream`.
+    assert (
+        len(adds) == 4
+        and sorted(kernel.split(" ")[1] for kernel in frees)
+        == ["(aten.add.Tensor))"] * 3 + ["(aten.ones.default))"] * 2
+    )
+    assert len({access.storage for op in adds for access in op.writes}) == 4  # a reused block: a new storage
 
 
 def test_the_fast_path_records_in_place_ops_without_the_python_launch(monkeypatch):
