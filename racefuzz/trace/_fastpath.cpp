@@ -1108,7 +1108,24 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
     }
   }
   if (fresh && PyList_GET_SIZE(pending.reads) == 0 && PyList_GET_SIZE(pending.writes) == 0) {
-    return Route::MODE;  // a factory: a launch only if it makes a tensor on the device, which the mode knows
+    // A factory (`zeros`, `arange`): as the mode decides, in a GPU run a launch iff its `device` argument is
+    // a CUDA device, else not recorded; in a CPU run a launch. A factory on another device (meta) or of
+    // another layout is left to the mode.
+    const c10::FunctionSchema& schema = op.schema();
+    const std::optional<int> device_at = schema.argumentIndexWithName("device");
+    const std::optional<int> layout_at = schema.argumentIndexWithName("layout");
+    const c10::IValue* device = device_at ? &(*stack)[base + *device_at] : nullptr;
+    const c10::IValue* layout = layout_at ? &(*stack)[base + *layout_at] : nullptr;
+    if (layout != nullptr && !layout->isNone() && layout->toLayout() != c10::kStrided) {
+      return Route::MODE;
+    }
+    const bool placed = device != nullptr && device->isDevice();
+    if (on_gpu && !(placed && device->toDevice().is_cuda())) {
+      return Route::UNRECORDED;
+    }
+    if (!on_gpu && placed && !device->toDevice().is_cpu()) {
+      return Route::MODE;
+    }
   }
   if (!fresh && PyList_GET_SIZE(pending.writes) == 0) {
     return Route::UNRECORDED;  // a view or metadata op: not a launch (nor anything the mode records)

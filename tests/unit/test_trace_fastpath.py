@@ -203,12 +203,38 @@ def test_in_place_ops_are_recorded_below_the_dispatch_mode(monkeypatch):
     # do the views the step takes.
     below = {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.sum.dim_IntList", "aten.slice.Tensor"}
     assert not below & set(calls)
-    assert "aten.cat.out" in calls and "aten.zeros.default" in calls  # a tensor list; a factory
+    assert "aten.cat.out" in calls  # a tensor list
+    # Of its three factories, the first reaches the mode: the first op on a stream not seen yet (the mode
+    # names it); the other two are recorded below it.
+    assert calls.count("aten.zeros.default") == 1
     fast_calls = list(calls)
     calls.clear()
     record(table_step, False, monkeypatch)
     assert below <= set(calls)
     assert len(fast_calls) < len(calls)
+
+
+def test_factories_are_recorded_below_the_dispatch_mode_and_a_meta_one_is_left_to_it(monkeypatch):
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        with env.use(side):
+            made = [torch.zeros(4), torch.arange(8), torch.full((2, 2), 3.0), torch.ones(3, dtype=torch.int64)]
+            made += [torch.empty(5), torch.zeros(4, device="meta"), torch.zeros(2, device="cpu")]
+            made.append(made[0] + made[1][:4])
+        return {f"made{i}": t for i, t in enumerate(made) if not t.is_meta}
+
+    calls = mode_calls(monkeypatch)
+    fast = record(step, True, monkeypatch, watch_frees=True)
+    # `empty` only allocates (the mode's), a meta factory is the mode's; the others are recorded below it.
+    assert calls.count("aten.zeros.default") == 1 and "aten.empty.memory_format" in calls
+    assert not {"aten.arange.default", "aten.full.default", "aten.ones.default", "aten.add.Tensor"} & set(calls)
+    monkeypatch.undo()  # the counting wrapper would be the Python path's source line
+    fast = record(step, True, monkeypatch, watch_frees=True)
+    slow = record(step, False, monkeypatch, watch_frees=True)
+    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+    kernels = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert kernels.count("aten.zeros.default") == 3 and "aten.arange.default" in kernels
 
 
 def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeypatch):
