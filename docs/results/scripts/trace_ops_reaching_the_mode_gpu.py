@@ -1,9 +1,10 @@
-"""Which ops of the micro workload reach racefuzz's dispatch mode on the GPU (each such op pays the mode's
-round trip through Python) and which the C++ fast path recorded below torch's dispatcher, over 200 ops (a
-diagnostic: a fast path that let every op through to the mode would cost what the Python path costs).
+"""Which ops reach racefuzz's dispatch mode on the GPU (each such op pays the mode's round trip through
+Python) and which the C++ fast path recorded below torch's dispatcher: the micro workload (200 ops), the
+out-of-place one (200 ops) and, where sglang 0.5.23 is importable, sglang's step (`global-war`). A
+diagnostic: a fast path that let every op through to the mode would cost what the Python path costs.
 Session 7's `trace_fastpath_bail_count_gpu.py` counted the same for the fast path's earlier entry, inside
 the mode. Run: PYTHONPATH=. python docs/results/scripts/trace_ops_reaching_the_mode_gpu.py
-(`--device cpu` on a machine without a GPU).
+(`--device cpu` on a machine without a GPU; sglang's step needs one).
 """
 
 import collections
@@ -11,7 +12,7 @@ import sys
 
 from racefuzz.trace.capture import _torch_mode_class, recording
 from racefuzz.trace.env import TraceEnv
-from racefuzz.trace.proof import micro_step
+from racefuzz.trace.proof import micro_step, out_of_place_step
 from racefuzz.trace.recorder import Recorder
 
 device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
@@ -26,9 +27,24 @@ def counted(self, func, types, args=(), kwargs=None):
 
 
 mode_class.__torch_dispatch__ = counted
-recorder = Recorder(device, snapshot_plan={})
-with recording(recorder):
-    micro_step(TraceEnv(recorder, device), 200)
-recorded = collections.Counter(op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch")
-print(f"device={device} torch launches recorded: {dict(recorded)}")
-print(f"device={device} ops that reached the dispatch mode: {dict(reached)}")
+steps = {"micro": lambda env: micro_step(env, 200), "out-of-place": lambda env: out_of_place_step(env, 200)}
+if device == "cuda":
+    try:
+        from racefuzz.trace import sglang_overlap
+
+        sglang_overlap.step_for("global-war")  # raises where sglang is not importable
+        steps["sglang global-war"] = sglang_overlap.step_for("global-war")
+    except Exception as error:  # noqa: BLE001 - a diagnostic: say why and go on
+        print(f"sglang's step skipped: {type(error).__name__}: {error}")
+for name, step in steps.items():
+    step(TraceEnv(Recorder(device, snapshot_plan={}), device))  # unrecorded once: kernels compiled, caches warm
+    reached.clear()
+    recorder = Recorder(device, snapshot_plan={})
+    with recording(recorder):
+        step(TraceEnv(recorder, device))
+    kinds = [(getattr(op, "kind", None), getattr(op, "kernel", None)) for op in recorder.record.trace.ops]
+    recorded = collections.Counter(
+        kernel if kind == "torch" else "free" for kind, kernel in kinds if kind in ("torch", "free")
+    )
+    print(f"{name}: device={device} torch launches and frees recorded: {dict(recorded)}")
+    print(f"{name}: device={device} ops that reached the dispatch mode: {dict(reached)}")
