@@ -290,15 +290,19 @@ struct FreeTargets {
       return false;
     }
     storages = PyObject_GetAttr(trace, names.storages);
-    ops = PyObject_GetAttr(trace, names.ops);
+    ops = storages == nullptr ? nullptr : PyObject_GetAttr(trace, names.ops);
     Py_DECREF(trace);
-    watched = PyObject_GetAttr(recorder, names.watched);
-    address_of = PyObject_GetAttr(recorder, names.address_of);
-    epochs = PyObject_GetAttr(recorder, names.epochs);
-    alloc_stream = PyObject_GetAttr(recorder, names.alloc_stream);
-    keys = PyObject_GetAttr(recorder, names.keys);
-    recorded_streams = PyObject_GetAttr(recorder, names.recorded_streams);
-    return storages && ops && watched && address_of && epochs && alloc_stream && keys && recorded_streams;
+    struct Slot {
+      PyObject** target;
+      PyObject* name;
+    };
+    bool ok = ops != nullptr;
+    for (Slot slot : {Slot{&watched, names.watched}, Slot{&address_of, names.address_of}, Slot{&epochs, names.epochs},
+                      Slot{&alloc_stream, names.alloc_stream}, Slot{&keys, names.keys},
+                      Slot{&recorded_streams, names.recorded_streams}}) {
+      ok = ok && (*slot.target = PyObject_GetAttr(recorder, slot.name)) != nullptr;  // stops at the first error
+    }
+    return ok;
   }
   ~FreeTargets() {
     for (PyObject* held : {watched, address_of, epochs, alloc_stream, keys, recorded_streams, storages, ops}) {
@@ -364,9 +368,10 @@ bool on_free(PyObject* recorder, PyObject* ptr) {
   PyObject* whole = fields == nullptr ? nullptr : make(constant(ACCESS), fields);
   PyObject* writes = whole == nullptr ? nullptr : untracked(PyTuple_Pack(1, whole));
   PyObject* source = writes == nullptr ? nullptr : user_source(PyEval_GetFrame());
-  PyObject* index = source == nullptr ? nullptr : PyLong_FromSsize_t(PyList_GET_SIZE(at.ops));
-  PyObject* reads = index == nullptr ? nullptr : PyTuple_New(0);
-  PyObject* op_fields = reads == nullptr ? nullptr
+  PyObject* reads = source == nullptr ? nullptr : PyTuple_New(0);
+  // The index last, next to the append: a free that an allocation above ran (a collected cycle) comes first.
+  PyObject* index = reads == nullptr ? nullptr : PyLong_FromSsize_t(PyList_GET_SIZE(at.ops));
+  PyObject* op_fields = index == nullptr ? nullptr
                                          : PyTuple_Pack(8, index, stream, kernel, constant(KIND_FREE), reads, writes,
                                                         source, Py_False);
   PyObject* op = op_fields == nullptr ? nullptr : make(constant(TRACE_LAUNCH), op_fields);
@@ -385,6 +390,15 @@ bool on_free(PyObject* recorder, PyObject* ptr) {
 // reference and the storage's address), as `racefuzz.trace.recorder._storage_freed`: the storage's free,
 // if its recorder is still recording.
 PyObject* storage_freed(PyObject* bound, PyObject* /*weakref*/) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* recorder = nullptr;
+  if (PyWeakref_GetRef(PyTuple_GET_ITEM(bound, 0), &recorder) < 0) {
+    return nullptr;
+  }
+  if (recorder == nullptr) {
+    Py_RETURN_NONE;  // the recorder is gone
+  }
+#else
   PyObject* recorder = PyWeakref_GetObject(PyTuple_GET_ITEM(bound, 0));  // borrowed; None once it is gone
   if (recorder == nullptr) {
     return nullptr;
@@ -393,6 +407,7 @@ PyObject* storage_freed(PyObject* bound, PyObject* /*weakref*/) {
     Py_RETURN_NONE;
   }
   Py_INCREF(recorder);
+#endif
   PyObject* active = PyObject_GetAttr(recorder, names.active);
   int is_active = active == nullptr ? -1 : PyObject_IsTrue(active);
   Py_XDECREF(active);
@@ -874,22 +889,22 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // autograd: racefuzz borrows `TESTING_ONLY_GenericMode`, which torch itself registers nothing on (its
 // only use is torch's own C++ tests) and which is included on the recording thread only while recording.
 //
-// Taken only when (checked under the GIL, per op): the innermost recording begun on this thread began with
-// its mode the only one on torch's mode stack and that mode still is the only one there (no mode of the
-// step's own, pushed or swapped in; no outer mode or outer recording: each must see the op, or see it
-// alone), the op would reach the mode (torch has not excluded the mode's key, as it does inside
-// `torch.tensor` and under `_DisableTorchDispatch`), autocast is off (its kernels cast the inputs, and the
-// mode sees the casts), the recorder is neither paused nor inside an opaque launch, the op is aten's
+// Taken only when (checked under the GIL, per op): the innermost recording begun on this thread began with its mode the
+// only one on torch's mode stack and that mode still is the only one there (no mode of the step's own, pushed or
+// swapped in; no outer mode or outer recording: each must see the op, or see it alone), the op would reach the mode
+// (torch has not excluded the mode's key, as it does inside `torch.tensor` and under `_DisableTorchDispatch`), autocast
+// is off (its kernels cast the inputs, and the mode sees the casts), no functorch transform is on (it wraps outputs
+// above the mode, a factory's too), the recorder is neither paused nor inside an opaque launch, the op is aten's
 // (another library's op may have kernels above the mode's key that issue ops of their own) and not
-// CompositeImplicitAutograd (the mode sees such an op's decomposition, which the fallback then leaves to
-// it), the Python helper set by `configure` says the op is one the fast path records (`_OpInfo.fast`, or
-// fresh outputs: `_dispatcher_op_info`), and each tensor argument is a plain strided tensor on the recording's device:
-// no tensor with the Python key (a `__torch_dispatch__` subclass), no functorch wrapper or tensor list, no
-// conjugate, negative or zero tensor, none autograd works on (requiring grad in grad mode, or with a
-// forward-mode tangent), no inference tensor outside inference mode. Those keep torch from issuing ops of
-// its own above the mode's key (autograd's saved `clone`, a saved-tensors hook's ops, the conjugate
-// fallback's copies) or raising there after the kernel ran, which the mode records. The op then runs with
-// the mode's keys excluded for it and everything it calls (as the mode's own `__torch_dispatch__` runs it).
+// CompositeImplicitAutograd (the mode sees such an op's decomposition, which the fallback then leaves to it), the
+// Python helper set by `configure` says the op is one the fast path records (`_OpInfo.fast`, or fresh outputs:
+// `_dispatcher_op_info`), and each tensor argument is a plain strided tensor on the recording's device: no tensor with
+// the Python key (a `__torch_dispatch__` subclass), no functorch wrapper or tensor list, no conjugate, negative or zero
+// tensor, none autograd works on (requiring grad in grad mode, or with a forward-mode tangent), no inference tensor
+// outside inference mode. Those keep torch from issuing ops of its own above the mode's key (autograd's saved `clone`,
+// a saved-tensors hook's ops, the conjugate fallback's copies) or raising there after the kernel ran, which the mode
+// records. The op then runs with the mode's keys excluded for it and everything it calls (as the mode's own
+// `__torch_dispatch__` runs it).
 
 constexpr c10::DispatchKey kTraceKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
 
@@ -908,6 +923,13 @@ c10::DispatchKeySet wrapper_keys() {
                               c10::DispatchKey::Batched, c10::DispatchKey::BatchedNestedTensor,
                               c10::DispatchKey::Functionalize, c10::DispatchKey::Conjugate,
                               c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
+}
+
+c10::DispatchKeySet transform_keys() {
+  // Included by functorch while one of its transforms (`vmap`, `grad`, `jacrev`, `functionalize`) runs.
+  return c10::DispatchKeySet({c10::DispatchKey::FuncTorchDynamicLayerFrontMode,
+                              c10::DispatchKey::FuncTorchDynamicLayerBackMode, c10::DispatchKey::Functionalize,
+                              c10::DispatchKey::FuncTorchVmapMode, c10::DispatchKey::VmapMode});
 }
 
 struct Scope {
@@ -1035,6 +1057,11 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   }
   if (keys.has_any(c10::autocast_dispatch_keyset)) {
     return Route::MODE;  // autocast is on: its kernels, above the mode's key, cast inputs the mode then sees
+  }
+  if (keys.has_any(transform_keys())) {
+    // A functorch transform is on: it wraps the op's outputs (a factory's too, which has no wrapped
+    // argument to tell) after the op returns, above the mode's key; the mode sees the plain inner tensors.
+    return Route::MODE;
   }
   state = scope->state;
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);

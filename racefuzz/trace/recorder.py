@@ -252,8 +252,8 @@ class Recorder:
             self._stream_names,
             self._seen_streams,
             self.delays,
-            self._snapshots_or_syncs,
-            self.on_gpu,
+            bool(self._snapshots_or_syncs),  # the C++ compares with True
+            bool(self.on_gpu),
             _raw_stream if self.on_gpu else None,
             self.device_index,
             self._alloc_stream,
@@ -263,7 +263,7 @@ class Recorder:
             self._given_names,
             self.record.trace.storages,
             self._keep,
-            self.watch_frees,
+            bool(self.watch_frees),
             self._self_ref,
         )
 

@@ -237,6 +237,40 @@ def test_factories_are_recorded_below_the_dispatch_mode_and_a_meta_one_is_left_t
     assert kernels.count("aten.zeros.default") == 3 and "aten.arange.default" in kernels
 
 
+TRANSFORMED = {
+    # A factory inside each transform (no wrapped argument to tell the fast path), and a plain op on
+    # tensors captured from outside `grad` (whose output `grad` wraps after the op returns).
+    "vmap": lambda x, a, b: torch.vmap(lambda r: r + torch.rand(3), randomness="different")(x),
+    "functionalize": lambda x, a, b: torch.func.functionalize(lambda r: r + torch.zeros(3))(x),
+    "grad": lambda x, a, b: torch.func.grad(lambda r: (r * torch.ones(3)).sum())(torch.ones(3)),
+    "grad-captured": lambda x, a, b: torch.func.grad(lambda r: (r * (a + b)).sum())(torch.ones(3)),
+}
+
+
+@pytest.mark.parametrize("options", [{}, {"snapshot_plan": {}}], ids=["reference", "trace"])
+@pytest.mark.parametrize("transform", list(TRANSFORMED))
+def test_ops_inside_a_functorch_transform_are_left_to_the_mode(monkeypatch, transform, options):
+    def step(env):
+        x, a, b = torch.ones(4, 3), torch.ones(3), torch.ones(3)
+        side = env.stream("side")
+        side.wait_stream(env.current_stream())
+        with env.use(side):
+            out = TRANSFORMED[transform](x, a, b)
+        env.current_stream().wait_stream(side)
+        return {"out": out}
+
+    options = {"watch_frees": True, **options}
+    fast, slow = record(step, True, monkeypatch, **options), record(step, False, monkeypatch, **options)
+    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+
+
+def test_a_truthy_watch_frees_watches_frees_on_both_paths(monkeypatch):
+    fast = record(frees_step, True, monkeypatch, watch_frees=1, snapshot_plan={})
+    slow = record(frees_step, False, monkeypatch, watch_frees=1, snapshot_plan={})
+    assert fast.trace.ops == slow.trace.ops
+    assert any(getattr(op, "kind", None) == "free" for op in fast.trace.ops)
+
+
 def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeypatch):
 
     seen: list[str] = []
