@@ -128,19 +128,25 @@ def _torch_mode_class() -> type:
                         if on_device and tensor.untyped_storage().data_ptr() not in inputs:
                             recorder.allocated(tensor)
                 return out
+            if info.name == "lift_fresh" and recorder.on_gpu:
+                return self._lifted(func, args, kwargs)
             reads, writes = _schema_accesses(info, args, kwargs)
             outputs_written = info.fresh_outputs
             if not writes and not outputs_written:
                 return func(*args, **kwargs)  # a view or metadata op
             on_gpu = recorder.on_gpu
             if on_gpu:
+                device = kwargs.get("device")
                 if not reads and not writes:
                     # A factory (`zeros`, `arange`): a device launch iff it makes a CUDA tensor.
-                    device = kwargs.get("device")
                     if device is None or device.type != "cuda":
                         return func(*args, **kwargs)
                 elif [t for t in reads if not t.is_cuda] or [t for _, t in writes if not t.is_cuda]:
-                    if not [t for t in reads if t.is_cuda] and not [t for _, t in writes if t.is_cuda]:
+                    # Host tensors only: the host's own access of pinned memory, unless the op makes a CUDA
+                    # tensor from them (`x.to("cuda")`: a copy launched on the stream, writing its output).
+                    to_device = outputs_written and device is not None and device.type == "cuda"
+                    on_host = not [t for t in reads if t.is_cuda] and not [t for _, t in writes if t.is_cuda]
+                    if on_host and not to_device:
                         pinned_reads = [t for t in reads if t.is_pinned()]
                         pinned_writes = [t for _, t in writes if t.is_pinned()]
                         out = func(*args, **kwargs)
@@ -180,7 +186,40 @@ def _torch_mode_class() -> type:
                 info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh, host_sync=host_sync
             )
 
+        def _lifted(self, func: Any, args: tuple, kwargs: dict) -> Any:
+            """`lift_fresh(t)` in a GPU run: torch made `t` from Python data (`torch.tensor`,
+            `torch.as_tensor`) with the copy to the GPU hidden from the mode (torch excludes the Python key
+            while it fills and copies the tensor; `lift_fresh` follows). A CUDA `t` was an allocation and a
+            blocking copy on the current stream: a launch writing `t` (`TORCH_TENSOR_COPY`), then the host's
+            sync of that stream (torch's copy from pageable memory waits for it). A host `t` (a tensor the step
+            keeps on the host, a scalar torch wraps for an indexing assignment) is no launch, nor is a CUDA
+            `t` on a storage the recorder has seen (made from that storage: no copy). Not in a CPU run: there
+            every CPU tensor stands for a device tensor, and which of them torch would have copied is not known.
+            """
+            recorder = self.recorder
+            tensor = args[0] if args else None
+            if not isinstance(tensor, _Tensor) or not tensor.is_cuda or tensor.numel() == 0 or recorder.knows(tensor):
+                return func(*args, **kwargs)
+
+            def made(out: Any) -> list[tuple[object, Any]]:
+                recorder.allocated(out)
+                return [("out0", out)]
+
+            return recorder.launch(
+                TORCH_TENSOR_COPY,
+                "torch",
+                lambda: func(*args, **kwargs),
+                [],
+                [],
+                outputs=made,
+                host_sync=lambda out: "after",
+            )
+
     return TraceMode
+
+
+TORCH_TENSOR_COPY = "torch.tensor (host-to-device copy)"
+"""The kernel name of the copy `torch.tensor(data, device=...)` makes, hidden from the mode (`_lifted`)."""
 
 
 def _is_compute(func: Any) -> bool:
@@ -254,7 +293,8 @@ def _op_info(func: Any) -> _OpInfo:
     # of `self` but changes only its metadata: no launch, no access.
     fresh_outputs = _is_compute(func)
     not_access = name in _NOT_ACCESSES or _INPLACE_VIEW in getattr(func, "tags", ())
-    fast = not fresh_outputs and not not_access and sync is None
+    # `lift_fresh` stands for a copy the mode did not see (`TraceMode._lifted`): the mode's, not the fast path's.
+    fast = not fresh_outputs and not not_access and sync is None and name != "lift_fresh"
     call = getattr(func, "_op", func)
     info = _OpInfo(name, str(func), arguments, fresh_outputs, not_access, name in _ALLOCATING, sync, fast, call)
     _OP_INFO[func] = info

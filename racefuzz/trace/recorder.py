@@ -334,6 +334,10 @@ class Recorder:
                 self._watch(storage, ptr)
         return key
 
+    def knows(self, tensor: Any) -> bool:
+        """Whether `tensor`'s storage was seen or allocated while recording."""
+        return id(tensor.untyped_storage()) in self._address_of
+
     def allocated(self, tensor: Any) -> None:
         """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`)."""
         storage = tensor.untyped_storage()

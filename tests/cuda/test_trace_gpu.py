@@ -96,6 +96,66 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
     assert synced[3][1].kernel == "aten._to_copy.default"
 
 
+def test_copies_to_the_gpu_are_launches_writing_a_new_storage_and_torch_tensor_syncs_its_stream():
+    """`torch.tensor(data, device="cuda")` copies behind the mode's back: a launch writing a new storage, then
+    the host's sync of the stream (a blocking copy from pageable memory); `x.to("cuda")` of a host tensor
+    is a launch writing its output, a blocking one followed by a sync, a non-blocking one from pinned
+    memory reading the pinned buffer on the stream; the copies' outputs are freed on their stream."""
+    import torch
+
+    from racefuzz.trace.capture import TORCH_TENSOR_COPY
+
+    def step(env):
+        side = env.stream("side")
+        side.wait_stream(torch.cuda.current_stream())
+        pinned = torch.arange(4, dtype=torch.float32).pin_memory()
+        with torch.cuda.stream(side):
+            made = torch.tensor([1.0, 2.0, 3.0], device="cuda")
+            copied = torch.arange(4, dtype=torch.float32).to("cuda")
+            streamed = pinned.to("cuda", non_blocking=True)
+            total = made.sum() + copied.sum() + streamed.sum()
+            del made, copied, streamed
+        torch.cuda.current_stream().wait_stream(side)
+        return {"total": total}
+
+    record = run_once(step, "cuda", watch_frees=True)
+    ops = [op for op in record.trace.ops if getattr(op, "stream", None) == "side"]
+    described = [getattr(op, "kernel", type(op).__name__) for op in ops]
+    print(*described, sep="\n")
+    copies = [op for op in ops if getattr(op, "kernel", "") in (TORCH_TENSOR_COPY, "aten._to_copy.default")]
+    assert [op.kernel for op in copies] == [TORCH_TENSOR_COPY, "aten._to_copy.default", "aten._to_copy.default"]
+    made, copied, streamed = copies
+    assert type(record.trace.ops[made.index + 1]).__name__ == "TraceStreamSync"  # torch.tensor's blocking copy
+    assert type(record.trace.ops[copied.index + 1]).__name__ == "TraceStreamSync"  # a blocking `.to("cuda")`
+    assert type(record.trace.ops[streamed.index + 1]).__name__ != "TraceStreamSync"
+    assert not made.reads and not copied.reads and len(streamed.reads) == 1  # the pinned buffer, on the stream
+    written = {copy.writes[0].storage for copy in copies}
+    freed = {op.writes[0].storage for op in ops if getattr(op, "kind", "") == "free"}
+    assert len(written) == 3 and written <= freed
+    assert find_trace_races(record.trace) == []
+
+
+def test_a_host_write_to_a_pinned_buffer_a_non_blocking_copy_may_still_read_is_a_race():
+    import torch
+
+    def step(env, synced):
+        side = env.stream("side")
+        side.wait_stream(torch.cuda.current_stream())
+        pinned = torch.zeros(1 << 16).pin_memory()
+        with torch.cuda.stream(side):
+            out = pinned.to("cuda", non_blocking=True)  # the copy engine reads `pinned` later, on `side`
+        if synced:
+            side.synchronize()
+        pinned.fill_(1.0)  # the host overwrites it
+        torch.cuda.current_stream().wait_stream(side)
+        return {"out": out}
+
+    found = races(lambda env: step(env, synced=False))
+    print(*found, sep="\n")
+    assert len(found) == 1 and {found[0].first.stream, found[0].second.stream} == {"side", "host"}
+    assert races(lambda env: step(env, synced=True)) == []
+
+
 def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
     import torch
 
