@@ -335,8 +335,11 @@ class Recorder:
         return key
 
     def knows(self, tensor: Any) -> bool:
-        """Whether `tensor`'s storage was seen or allocated while recording."""
-        return id(tensor.untyped_storage()) in self._address_of
+        """Whether the recorder has a key for `tensor`'s storage in its current epoch (it was accessed while
+        recording, and its block not freed since). From the base address, as `_storage` looks a storage up:
+        no storage object is made."""
+        ptr = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+        return (ptr, self._epochs.get(ptr, 0)) in self._keys
 
     def allocated(self, tensor: Any) -> None:
         """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`)."""

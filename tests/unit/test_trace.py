@@ -767,6 +767,19 @@ def test_a_cpu_recorder_takes_a_grown_storages_old_address_for_a_new_storage():
     assert recorder._keys.get((before, recorder._epochs.get(before, 0))) is None
 
 
+def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
+    recorder = Recorder("cpu", watch_frees=True)
+    TraceEnv(recorder, "cpu")
+    with recording(recorder):
+        seen = torch.zeros(8)
+        seen.add_(1)
+        unseen = torch.empty(8)  # allocated, never accessed
+        assert recorder.knows(seen) and recorder.knows(seen[2:]) and not recorder.knows(unseen)
+        ptr = seen.untyped_storage().data_ptr()
+        del seen  # its epoch ends: a tensor the allocator puts on that block again is another storage
+        assert recorder._epochs[ptr] == 1 and (ptr, 1) not in recorder._keys
+
+
 def test_a_new_allocation_forgets_an_old_blocks_record_stream():
     recorder = Recorder("cpu", watch_frees=True)
     TraceEnv(recorder, "cpu")
