@@ -1,13 +1,16 @@
 """Where recording sglang's step (`global-war`) spends its time on the GPU: the median of 50 runs each of
 the step unrecorded, recorded as a trace (`run_once`, as the proof's COST lines time it), and an empty
-step recorded (a recording's fixed cost: recorder, env, mode, `finish`); then a cProfile of 100 recorded
-steps, the top functions by own time. Needs sglang 0.5.23 importable (standalone, as the proof loads it).
+step recorded (a recording's fixed cost: recorder, env, mode, `finish`), with Python's switch interval as
+it is and at 0.1 s (the Python threads listed); then a cProfile of 100 recorded steps, the top functions by
+own time. Needs sglang 0.5.23 importable (standalone, as the proof loads it).
 Run: PYTHONPATH=.:<sglang> python docs/results/scripts/trace_sglang_step_profile_gpu.py
 """
 
 import cProfile
 import pstats
 import statistics
+import sys
+import threading
 import time
 
 from racefuzz.trace import sglang_overlap
@@ -43,18 +46,24 @@ for _ in range(10):  # kernels compiled, caches warm
     recorded(step)()
     recorded(empty)()
 launches = len(recorded(step)().launch_ops)
-figures = {
-    "step unrecorded": median_us(lambda: step(env)),
-    "step recorded": median_us(recorded(step)),
-    "empty step recorded": median_us(recorded(empty)),
-}
-for name, us in figures.items():
-    print(f"{name}: median {us:.1f} us")
-print(f"launches per step: {launches}")
-print(
-    f"recorded minus unrecorded: {(figures['step recorded'] - figures['step unrecorded']) / launches:.1f} us per "
-    f"launch, of which the empty recording's {figures['empty step recorded'] / launches:.1f}"
-)
+# Other Python threads take the GIL whenever the step's thread lets it go (a blocking copy releases it),
+# and keep it for up to the switch interval: the step's times with the interval as it is and at 0.1 s.
+print(f"Python threads: {[thread.name for thread in threading.enumerate()]}")
+original_interval = sys.getswitchinterval()
+for interval in (original_interval, 0.1):
+    sys.setswitchinterval(interval)
+    figures = {
+        "step unrecorded": median_us(lambda: step(env)),
+        "step recorded": median_us(recorded(step)),
+        "empty step recorded": median_us(recorded(empty)),
+    }
+    print(f"switch interval {interval} s: " + ", ".join(f"{name} median {us:.1f} us" for name, us in figures.items()))
+    print(
+        f"  launches per step {launches}; recorded minus unrecorded "
+        f"{(figures['step recorded'] - figures['step unrecorded']) / launches:.1f} us per launch, of which the empty "
+        f"recording's {figures['empty step recorded'] / launches:.1f}"
+    )
+sys.setswitchinterval(original_interval)
 profiler = cProfile.Profile()
 profiler.runcall(lambda: [recorded(step)() for _ in range(100)])
 pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
