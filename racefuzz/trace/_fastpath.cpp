@@ -477,7 +477,9 @@ bool allocated(PyObject* state, const at::Tensor& tensor, PyObject* stream) {
     return true;
   }
   PyObject* ptr = PyLong_FromVoidPtr(data);
-  bool ok = ptr != nullptr && PyDict_SetItem(PyTuple_GET_ITEM(state, ALLOC_STREAM), ptr, stream) == 0 &&
+  // A pinned host block's free is no write on a stream (see `Recorder.allocated`).
+  const bool on_stream = PyTuple_GET_ITEM(state, ON_GPU) != Py_True || tensor.is_cuda();
+  bool ok = ptr != nullptr && (!on_stream || PyDict_SetItem(PyTuple_GET_ITEM(state, ALLOC_STREAM), ptr, stream) == 0) &&
             PySet_Discard(PyTuple_GET_ITEM(state, RECORDED_STREAMS), ptr) >= 0;
   if (ok && PyTuple_GET_ITEM(state, WATCH_FREES) == Py_True) {
     PyObject* python_storage = THPStorage_Wrap(storage);

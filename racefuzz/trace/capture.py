@@ -61,17 +61,20 @@ def active() -> Recorder | None:
 
 _Tensor: Any = None
 """`torch.Tensor`, set when the mode class is made (no `import torch` per op)."""
+_STRIDED: Any = None
+"""`torch.strided`, set when the mode class is made."""
 _set_eval_frame: Any = None
 """`torch._C._dynamo.eval_frame.set_eval_frame`, set when the mode class is made."""
 
 
 @functools.cache
 def _torch_mode_class() -> type:
-    global _Tensor, _set_eval_frame, _MASK_DTYPES, _INPLACE_VIEW
+    global _Tensor, _STRIDED, _set_eval_frame, _MASK_DTYPES, _INPLACE_VIEW
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _Tensor = torch.Tensor
+    _STRIDED = torch.strided
     _MASK_DTYPES = frozenset({torch.bool, torch.uint8})
     _INPLACE_VIEW = torch.Tag.inplace_view
     _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
@@ -144,7 +147,13 @@ def _torch_mode_class() -> type:
                 elif [t for t in reads if not t.is_cuda] or [t for _, t in writes if not t.is_cuda]:
                     # Host tensors only: the host's own access of pinned memory, unless the op makes a CUDA
                     # tensor from them (`x.to("cuda")`: a copy launched on the stream, writing its output).
-                    to_device = outputs_written and device is not None and device.type == "cuda"
+                    # Only strided sources: a sparse tensor's copy has no plain storage to record.
+                    to_device = (
+                        outputs_written
+                        and device is not None
+                        and device.type == "cuda"
+                        and all(t.layout == _STRIDED for t in reads)
+                    )
                     on_host = not [t for t in reads if t.is_cuda] and not [t for _, t in writes if t.is_cuda]
                     if on_host and not to_device:
                         pinned_reads = [t for t in reads if t.is_pinned()]
@@ -157,6 +166,8 @@ def _torch_mode_class() -> type:
                         return out
                     reads = [t for t in reads if t.is_cuda or t.is_pinned()]
                     writes = [(slot, t) for slot, t in writes if t.is_cuda or t.is_pinned()]
+                    if on_host and info.name != "_to_copy":
+                        reads = []  # `zeros_like(t, device="cuda")`, `t.new_zeros(...)`: `t`'s shape, not its data
 
             fresh = None
             if outputs_written:
@@ -207,7 +218,7 @@ def _torch_mode_class() -> type:
 
             return recorder.launch(
                 TORCH_TENSOR_COPY,
-                "torch",
+                "copy",  # it ran already: no delay point (a delay here would only follow the copy and its sync)
                 lambda: func(*args, **kwargs),
                 [],
                 [],

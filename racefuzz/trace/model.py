@@ -63,7 +63,8 @@ class TraceLaunch(NamedTuple):
         index: its position among the trace's ops.
         stream: the stream it was enqueued on (`HOST` for the host's own accesses).
         kernel: the torch op (`aten.index.Tensor`), Triton kernel or CuPy kernel name.
-        kind: `torch`, `triton`, `cupy`, `host` or `free`.
+        kind: `torch`, `triton`, `cupy`, `host`, `free`, or `copy` (a copy torch made out of the dispatch
+            mode's sight, `torch.tensor`'s to the GPU, recorded after it ran: no delay point).
         reads, writes: the bytes it loads and stores.
         source: `file:line (function)` of the user's line that launched it.
         assumed: its read/write sets are the conservative default (no annotation).

@@ -346,7 +346,11 @@ class Recorder:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr:
-            self._alloc_stream[ptr] = self.current_stream()
+            if not self.on_gpu or tensor.is_cuda:
+                # Not a pinned host block's: torch's host allocator hands one out again only after every
+                # copy that used it has finished (it records an event per copy), so its free is no write on
+                # a stream. Watched all the same: its reuse is a new storage.
+                self._alloc_stream[ptr] = self.current_stream()
             self._recorded_streams.discard(ptr)  # a `record_stream` of an earlier block at this address
             if self.watch_frees:
                 self._watch(storage, ptr)  # now: a block never accessed must still end its allocation
@@ -442,10 +446,10 @@ class Recorder:
         the call: "before" the launch's kernels (a sync recorded ahead of the launch), "after" them, or "".
         """
         stream = self.current_stream()
-        if self.delays:
+        if self.delays and kind != "copy":
             self._delay(stream)
         source = user_source(3)
-        if kind == "torch":
+        if kind in ("torch", "copy"):
             result = call()
         else:
             # The launch is opaque: torch ops and stream operations inside it (a Python launcher's own

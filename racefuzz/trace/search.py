@@ -128,7 +128,7 @@ def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
     """(stream, n) of every device launch of the reference run, in host order: where delays may go."""
     points, counts = [], {}
     for op in reference.trace.ops:
-        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind != "free":
+        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy"):
             n = counts.get(op.stream, 0)
             counts[op.stream] = n + 1
             points.append((op.stream, n))

@@ -156,6 +156,32 @@ def test_a_host_write_to_a_pinned_buffer_a_non_blocking_copy_may_still_read_is_a
     assert races(lambda env: step(env, synced=True)) == []
 
 
+def test_a_pinned_buffers_free_is_not_a_write_on_a_stream():
+    """torch's host allocator hands a pinned block out again only after every copy that used it finished (an
+    event per non-blocking copy): freeing a pinned buffer a copy on another stream reads is no race. A copy
+    to the GPU from a host tensor's shape (`zeros_like`) reads nothing."""
+    import torch
+
+    def step(env):
+        side = env.stream("side")
+        source = torch.ones(1 << 16, device="cuda")
+        staging = source.to("cpu", non_blocking=True)  # pinned, allocated while recording
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            back = staging.to("cuda", non_blocking=True)
+            shaped = torch.zeros_like(staging, device="cuda")
+        del staging
+        torch.cuda.current_stream().wait_stream(side)
+        return {"back": back, "shaped": shaped}
+
+    record = run_once(step, "cuda", watch_frees=True)
+    launches = [op for op in record.trace.ops if type(op).__name__ == "TraceLaunch"]
+    print(*launches, sep="\n")
+    assert find_trace_races(record.trace) == []
+    (zeros,) = [op for op in launches if op.kernel == "aten.zeros_like.default"]
+    assert zeros.reads == ()
+
+
 def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
     import torch
 

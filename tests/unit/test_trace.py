@@ -780,6 +780,23 @@ def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
         assert recorder._epochs[ptr] == 1 and (ptr, 1) not in recorder._keys
 
 
+def test_a_copy_torch_made_out_of_sight_is_recorded_without_a_delay_point():
+    """`torch.tensor`'s copy to the GPU has run when the mode sees it: a `copy` launch, which neither takes a
+    delay nor counts among the stream's delay points."""
+    from racefuzz.trace.search import launch_points
+
+    recorder = Recorder("cpu", delays={("default", 0): 1.0}, snapshot_plan={})
+    TraceEnv(recorder, "cpu")
+    with recording(recorder):
+        made = torch.empty(4)  # allocation only: no launch
+        recorder.launch("a hidden copy", "copy", lambda: made, [], [("out0", made)])
+        made.add_(1)  # the stream's first delay point
+    record = recorder.finish({})
+    assert [op.kind for op in record.trace.ops if hasattr(op, "kind")] == ["copy", "torch"]
+    assert record.delays_applied == [("default", 0, 1.0)]
+    assert launch_points(record) == [("default", 0)]
+
+
 def test_a_new_allocation_forgets_an_old_blocks_record_stream():
     recorder = Recorder("cpu", watch_frees=True)
     TraceEnv(recorder, "cpu")
