@@ -19,7 +19,8 @@ Frontends report to the active `Recorder`:
   with a callback) and its death is its free: a freed block is a new storage when reused, and the free
   itself is a write of the whole block on the stream it was allocated on (the caching allocator may hand it
   to that stream's next allocation at once), so a use on another stream not ordered before the free is a
-  race. (A storage's Python object lives exactly as long as the storage: torch preserves it while C++
+  race (not for a pinned host block, which torch's host allocator reuses only after the copies that used
+  it). (A storage's Python object lives exactly as long as the storage: torch preserves it while C++
   holds the storage.) A storage seen at a new address was grown in place: its old block is freed then.
 
 Every launch gets an ordinal (its position among launches). The same step run twice launches the same
@@ -342,7 +343,8 @@ class Recorder:
         return (ptr, self._epochs.get(ptr, 0)) in self._keys
 
     def allocated(self, tensor: Any) -> None:
-        """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`)."""
+        """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`),
+        unless it is a pinned host block of a GPU run (see below)."""
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr:
