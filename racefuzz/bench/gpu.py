@@ -506,8 +506,13 @@ def run(
 MAX_PROCESSES = 64
 """The largest --processes accepted: a bound, so that a typo does not start thousands of CUDA contexts."""
 WORKER_TIMEOUT_S = 600.0
-"""How long a worker waits at a barrier for the others, and the parent (plus GRACE_S) for a worker's set-up or
-task."""
+"""How long a worker waits at a barrier for the others, and the parent (plus RESULT_MARGIN_S) for a worker's
+set-up or task."""
+RESULT_MARGIN_S = 60.0
+"""Beyond the timeout, how long the parent waits for a set-up or a task before naming every worker still
+pending. It only bounds a hang: a hung worker is normally named sooner, when its partners' barrier timeouts
+report, and the margin must outlast how late those reports arrive on a loaded machine (a short margin named the
+first pending worker, not the hung one)."""
 GRACE_S = 15.0
 """After one worker failed, how long the parent waits for the others to report before stopping them."""
 
@@ -650,7 +655,7 @@ class WorkerPool:
         # time out at the barrier and report first). One that hangs in a later phase of the task (after the
         # searches, say) may outlast this deadline before its partners' barrier timeouts: then every pending
         # worker is reported as giving no result, and the lowest-numbered one is named.
-        deadline = time.monotonic() + self.timeout_s + GRACE_S
+        deadline = time.monotonic() + self.timeout_s + RESULT_MARGIN_S
         while pending and (remaining := deadline - time.monotonic()) > 0:
             watched = [self.conns[i] for i in pending] + [self.workers[i].sentinel for i in pending]
             ready = set(connection_wait(watched, remaining))
