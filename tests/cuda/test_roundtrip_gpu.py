@@ -20,7 +20,11 @@ from racefuzz.cli import main
 from racefuzz.exitcodes import ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
-CELLS = [c for c in json.loads((ROOT / "docs/results/design-matrix.json").read_text())["cells"] if c.get("replay_file")]
+CELLS = [
+    c
+    for c in json.loads((ROOT / "docs/results/design-matrix/design-matrix.json").read_text())["cells"]
+    if c.get("replay_file")
+]
 RACY = [(c["design"], c["hazard"], c["manifested"]) for c in CELLS]
 EXAMPLES = 3000
 """The search stops at its first manifested corruption; the simulator's matrix needed up to 1,356 examples

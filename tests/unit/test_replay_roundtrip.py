@@ -15,7 +15,7 @@ from racefuzz.exitcodes import ExitCode
 ROOT = Path(__file__).resolve().parents[2]
 RACY = [
     (c["design"], c["hazard"])
-    for c in json.loads((ROOT / "docs/results/design-matrix.json").read_text())["cells"]
+    for c in json.loads((ROOT / "docs/results/design-matrix/design-matrix.json").read_text())["cells"]
     if c.get("replay_file")
 ]
 
@@ -53,7 +53,9 @@ def test_fail_write_replay_same_report(design: str, hazard: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize(
-    "replay_file", sorted((ROOT / "docs/results/counterexamples").glob("*/*.json")), ids=lambda p: p.parent.name
+    "replay_file",
+    sorted((ROOT / "docs/results/design-matrix/counterexamples").glob("*/*.json")),
+    ids=lambda p: p.parent.name,
 )
 def test_committed_counterexamples_replay_to_their_reports(replay_file: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the reports name the replay file relative to the repository

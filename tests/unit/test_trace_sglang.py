@@ -2,7 +2,7 @@
 
 The traces under tests/unit/traces/ were recorded from sglang's real pool and kernels with
 `run_once(step, "cpu", serialize=True, run_kernels=False)` (the Triton kernels recorded from their
-annotations, not run); the H200 run in docs/results/trace-sglang-h200.log gave the same verdicts. Where
+annotations, not run); the H200 run in docs/results/sglang-step-proof-h200/proof.log gave the same verdicts. Where
 sglang and Triton are importable, the traces are also recorded afresh and must match.
 """
 

@@ -2,8 +2,7 @@
 Python) and which the C++ fast path recorded below torch's dispatcher: the micro workload (200 ops), the
 out-of-place one (200 ops) and, where sglang 0.5.23 is importable, sglang's step (`global-war`). A
 diagnostic: a fast path that let every op through to the mode would cost what the Python path costs.
-Session 7's `trace_fastpath_bail_count_gpu.py` counted the same for the fast path's earlier entry, inside
-the mode. Run: PYTHONPATH=. python docs/results/scripts/trace_ops_reaching_the_mode_gpu.py
+Run: PYTHONPATH=. python docs/results/scripts/trace_ops_reaching_the_mode_gpu.py
 (`--device cpu` on a machine without a GPU; sglang's step needs one).
 """
 
