@@ -53,3 +53,20 @@ def test_transfer_follows_launches_by_identity() -> None:
     (index,) = moved.read_spins
     target = new.ops[index]
     assert (target.kernel, target.info["iteration"]) == ("verify_page_table", 3)
+
+
+def test_a_war_is_re_aimed_with_a_read_spin_inside_its_reader() -> None:
+    # On global-war, seed 5, the failure Hypothesis shrinks still has extra requests and iterations; the
+    # minimizer's simpler workloads move the race to other launches, so it re-aims the delay: a WAR's
+    # read spin goes inside the reader (`race.first`), which stretches the reader's window until the
+    # rewrite lands. A spin inside the writer delays the rewrite instead, and no smaller workload fails.
+    from racefuzz.backends import executor
+    from racefuzz.search import search
+
+    counterexample = search(GLOBAL_WAR, executor("sim"), seed=5).counterexample
+    assert counterexample is not None and counterexample.oracle == "corruption"
+    workload, schedule = counterexample.workload, counterexample.schedule
+    assert (len(workload.requests), workload.iterations) == (1, 2)
+    (spun,) = schedule.read_spins
+    readers = {race.first.index for race in find_races(counterexample.program) if race.kind.value == "WAR"}
+    assert spun in readers, "the read spin is inside a WAR's reader"

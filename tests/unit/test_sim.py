@@ -205,3 +205,22 @@ def test_a_long_cascade_of_gates_runs_every_op_once_in_order() -> None:
     assert sorted(span.op_index for span in run.timeline if span.kind == "kernel") == list(range(2 * n + 1))
     times = run.access_time_us
     assert all(times[n + i] < times[i] for i in range(n)) and all(times[i - 1] < times[n + i] for i in range(1, n))
+
+
+def test_under_forced_orders_a_wait_stream_still_waits_for_the_other_stream() -> None:
+    # Any forced order puts the run on the gated machine, which times a wait_stream by its own rule (the
+    # other stream's last op at the call). The default path cannot see a wait_stream ignored there: the
+    # reader below is ordered after the writer, so its pair is no race, and the no-replay shortcut returns
+    # the sequential loads. The replay (`track_writers`) and the access times do see it.
+    device = Device()
+    forward, schedule, plan = device.stream("forward_stream"), device.stream("schedule_stream"), device.stream("plan")
+    table = device.buffer("req_to_token", 2, 8)
+    forward.launch("prefill_write", writes=[(table[0, 0:4], 7)], cost_us=100)  # op 0: ends at 105
+    plan.wait_stream(forward)  # op 1
+    plan.launch("page_table_build", reads=[table[0, 0:4]], cost_us=5)  # op 2: must start at 105
+    forward.launch("stash", writes=[(table[1, 0:4], 1)])  # op 3
+    schedule.launch("rewrite", writes=[(table[1, 0:4], 2)])  # op 4: races op 3
+    program = device.finish()
+    run = simulate(program, Schedule(orders=((3, 4),)), track_writers=True)
+    assert run.access_time_us[2] == 110.0 and run.access_time_us[0] == 105.0
+    assert run.observations[2][0].tolist() == [[7, 7, 7, 7]]
