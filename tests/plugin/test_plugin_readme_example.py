@@ -33,3 +33,11 @@ def test_the_readme_pytest_example_passes_verbatim(pytester: pytest.Pytester) ->
     assert command[0] == "pytest"
     result = pytester.runpytest_subprocess(*PLUGIN, *command[1:])
     result.assert_outcomes(passed=2)
+
+
+def test_the_readme_trace_fixture_example_passes_verbatim(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("torch")
+    (pytester.path / "tests").mkdir()
+    (pytester.path / "tests" / "test_overlap_step.py").write_text(readme_block("# tests/test_overlap_step.py"))
+    result = pytester.runpytest_subprocess(*PLUGIN, "--racefuzz-backend", "sim")
+    result.assert_outcomes(passed=1)

@@ -1,6 +1,7 @@
-"""The README's "Guard your sync refactor" example, verbatim, from a temporary directory: its design file,
-its `racefuzz run` commands (as the console script runs them: the working directory is not on the import
-path), the racy variant it describes with its replay, and the figure it quotes. The pytest half is in
+"""The README's examples, verbatim, from a temporary directory, as the console script runs them (the working
+directory is not on the import path): "guard your sync refactor" (its design file, its `racefuzz run`
+commands, the racy variant it describes with its replay, and the figure it quotes), and the commands of
+"run a design" and "fuzz your own code", each exiting as its comment says. The pytest halves are in
 tests/plugin/test_plugin_readme_example.py."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import racefuzz
 from racefuzz.exitcodes import ExitCode
@@ -75,3 +78,35 @@ def test_the_readme_design_example_works_verbatim(tmp_path: Path) -> None:
     replayed = racefuzz_cli(["racefuzz", "replay", replay_file], project, entry)
     assert replayed.returncode == ExitCode.RACE, replayed.stdout + replayed.stderr
     assert "post_launch_rewrite" in replayed.stdout
+
+
+def expected_exit(line: str) -> int | None:
+    """The exit code a README command's comment promises (`# exit N: ...`), if it says one."""
+    match = re.search(r"#\s*exit (\d+)", line)
+    return int(match.group(1)) if match else None
+
+
+def run_block_as_commented(first_line: str, tmp_path: Path) -> None:
+    """Run every command of a README bash block from an empty directory; each exits as its comment says."""
+    entry = tmp_path / "bin" / "racefuzz"
+    entry.parent.mkdir()
+    entry.write_text(ENTRY_POINT)
+    work = tmp_path / "work"
+    work.mkdir()
+    lines = readme_block(first_line).splitlines()
+    promised = [expected_exit(line) for line in lines]
+    assert any(code is not None for code in promised), f"the block {first_line!r} promises no exit code"
+    for command, code in zip(readme_commands(first_line), promised, strict=True):
+        done = racefuzz_cli(command, work, entry)
+        assert done.returncode == (ExitCode.CLEAN if code is None else code), (command, done.stdout + done.stderr)
+
+
+def test_the_readme_run_example_exits_as_it_says(tmp_path: Path) -> None:
+    run_block_as_commented("racefuzz run --design global-war", tmp_path)
+    block = readme_block("racefuzz run --design global-war")
+    assert "racefuzz designs" in block
+
+
+def test_the_readme_trace_example_exits_as_it_says(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    run_block_as_commented("racefuzz trace racefuzz.trace.example:racy_step", tmp_path)
