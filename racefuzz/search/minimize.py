@@ -5,8 +5,8 @@ Hypothesis shrinks the byte strings that workloads and schedules are decoded fro
 requests over six iterations when one request over three would fail the same way. This pass knows the
 structure. It greedily tries simpler candidates -- fewer forced orders, fewer delays, shorter delays, fewer
 iterations, fewer requests, simpler requests -- and keeps a candidate only if it still fails the same
-oracle (a manifested corruption in every one of `repeat` runs, or an unordered pair), until none is
-accepted.
+oracle (a manifested corruption in every one of `repeat` runs, `racefuzz.confirm`'s k of k, or an
+unordered pair), until none is accepted.
 
 The workload candidates come from the scenario (`Scenario.simpler_workloads`); the schedule candidates
 (drop a delay, halve one) are generic. Delays are keyed by op index, which changes when the workload
@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 
 from racefuzz.backends import Executor
+from racefuzz.confirm import confirm
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import RaceKind, find_races
@@ -134,7 +135,9 @@ def minimize(
         if run is None:
             return bool(program.violations or find_races(program))
         try:
-            return all(bool(find_corruptions(program, run(program, delays).observations)) for _ in range(repeat))
+            return confirm(
+                lambda: bool(find_corruptions(program, run(program, delays).observations)), repeat, stop_at_miss=True
+            ).confirmed
         except ScheduleInfeasible:  # forced orders that cannot hold on this candidate: not a failure
             return False
 
