@@ -132,10 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="runs a manifested race must reproduce in, 1 to 1000 (k of k; default 5 on cuda, 1 on sim)",
     )
-    run.add_argument("--json", type=Path, help="write a JSON summary here (checked before the search)")
+    run.add_argument("--json", type=argtypes.path, help="write a JSON summary here (checked before the search)")
     run.add_argument(
         "--report-dir",
-        type=Path,
+        type=argtypes.path,
         default=Path(DEFAULT_REPORT_DIR),
         help=f"where replay files, reports and timelines go (default {DEFAULT_REPORT_DIR}/ in the current "
         "directory; checked before the search)",
@@ -197,14 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="host work between decode prep and the forward launch, in us (default 300)",
     )
-    compare.add_argument("--json", type=Path, help="write the results here")
-    compare.add_argument("--plot", type=Path, help="write a PNG: cost bars and one timeline per design")
+    compare.add_argument("--json", type=argtypes.path, help="write the results here")
+    compare.add_argument("--plot", type=argtypes.path, help="write a PNG: cost bars and one timeline per design")
 
     designs = command("designs", "list the built-in designs")
     designs.add_argument("--mutants", action="store_true", help="list the deliberately broken designs instead")
 
     replay = command("replay", "re-run a replay file and print its report")
-    replay.add_argument("file", type=Path)
+    replay.add_argument("file", type=argtypes.path)
     replay.add_argument("--backend", choices=("sim", "cuda"), help="default: the backend recorded in the file")
     replay.add_argument("--repeat", type=_repeat, default=1, help="runs, 1 to 1000 (default 1; 5 is sensible on GPU)")
     replay.add_argument(
@@ -225,10 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
         "backend; trace: racefuzz trace's recording cost per op",
     )
     bench.add_argument("--backend", choices=("sim", "cuda"), default="sim", help="for `mutants` (default sim)")
-    bench.add_argument("--json", type=Path, help="write the raw figures here")
+    bench.add_argument("--json", type=argtypes.path, help="write the raw figures here")
     bench.add_argument(
         "--out",
-        type=Path,
+        type=argtypes.path,
         help="for `matrix`: write each racy cell's replay file and report under DIR/counterexamples/ "
         "(default: write none; the committed ones are regenerated with --out docs/results)",
     )

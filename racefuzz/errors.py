@@ -3,6 +3,9 @@
 Every error a user can cause (a bad program, a bad argument, a missing GPU, a bad replay file) is a
 `RacefuzzError`; the CLI prints its message on one line and exits with its `exit_code` (2, usage, unless
 the class says otherwise). Anything else escaping racefuzz is a bug in racefuzz (exit 5).
+
+A verdict that fails a user's test is an `AssertionError` instead (`RaceFound`, `Inconclusive`, raised by
+`racefuzz.testing` and the pytest fixtures), carrying the CLI's exit code for the same verdict.
 """
 
 from __future__ import annotations
@@ -48,3 +51,15 @@ class ExampleTimeout(RacefuzzError):
     """One example (its hooks, its run) took longer than the per-example watchdog allows."""
 
     exit_code = ExitCode.TIMEOUT
+
+
+class RaceFound(AssertionError):
+    """A race was found (the CLI's exit code 1); the message is the report, written to disk first."""
+
+    exit_code = ExitCode.RACE
+
+
+class Inconclusive(AssertionError):
+    """No race, but the negative control was not caught either (the CLI's exit code 3)."""
+
+    exit_code = ExitCode.INCONCLUSIVE

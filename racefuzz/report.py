@@ -19,14 +19,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from racefuzz.backends.protocol import HOST
 from racefuzz.errors import InvalidArgument, ReplayError
+from racefuzz.execution import HOST
 from racefuzz.hb import Race
 from racefuzz.oracle import UNKNOWN, Corruption, masked_conflict
 from racefuzz.program import Launch
+from racefuzz.results import Outcome, SearchResult
 from racefuzz.scenarios import Scenario, Workload, get_scenario, scenario_spec
 from racefuzz.schedule import Schedule
-from racefuzz.search import Outcome, SearchResult
 
 FORMAT = "racefuzz-replay"
 FORMAT_VERSION = 1

@@ -28,9 +28,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-# HOST, Execution and Span live in racefuzz.backends; they stay importable from here.
-from racefuzz.backends.protocol import HOST, Execution, Span
 from racefuzz.errors import InvalidArgument
+
+# HOST, Execution and Span live in racefuzz.execution; they stay importable from here.
+from racefuzz.execution import HOST, Execution, Span
 from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads, replay_in_order
 from racefuzz.program import (

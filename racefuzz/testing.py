@@ -30,25 +30,12 @@ from hypothesis import seed as hypothesis_seed
 
 from racefuzz.backends import executor, resolve_backend
 from racefuzz.designs import Design, load_design, raise_hook_error
-from racefuzz.errors import InvalidArgument
-from racefuzz.exitcodes import ExitCode
+from racefuzz.errors import Inconclusive, InvalidArgument, RaceFound
 from racefuzz.hb import find_races
 from racefuzz.report import save_counterexample
 from racefuzz.scenarios import check_hazards
 from racefuzz.schedule import Schedule
 from racefuzz.search import SearchResult, search
-
-
-class RaceFound(AssertionError):
-    """A race was found (the CLI's exit code 1); the message is the report, written to disk first."""
-
-    exit_code = ExitCode.RACE
-
-
-class Inconclusive(AssertionError):
-    """No race, but the negative control was not caught either (the CLI's exit code 3)."""
-
-    exit_code = ExitCode.INCONCLUSIVE
 
 
 @dataclass(frozen=True)

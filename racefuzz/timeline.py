@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from racefuzz.backends import HOST, Execution, Span
+from racefuzz.execution import HOST, Execution, Span
 from racefuzz.hb import Race
-from racefuzz.search import Outcome
+from racefuzz.results import Outcome
 from racefuzz.sim import simulate
 
 _KIND_COLOURS = {"kernel": "#4C72B0", "spin": "#BBBBBB", "host_delay": "#DDAA33", "sync": "#55A868", "gate": "#8C564B"}

@@ -1,49 +1,22 @@
-"""What every backend returns (`Execution`, made of `Span`s) and the executor protocols the search drives.
+"""The executor protocols the search drives, and what every backend returns (`Execution`, made of `Span`s).
 
 A backend runs a recorded `Program` under a `Schedule` and returns an `Execution`: the simulator
 (`racefuzz.sim.simulate`) and the CUDA backend (`racefuzz.backends.cuda`) return the same shape, so the
-oracles and the reports never care which one ran. Pure: imports neither the simulator nor torch.
+oracles and the reports never care which one ran. `Execution`, `Span` and `HOST` are defined in
+`racefuzz.execution` (the pure core, which the simulator imports) and re-exported here. Pure: imports
+neither the simulator nor torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from racefuzz.memory import Observations
+from racefuzz.execution import HOST, Execution, Span
 from racefuzz.program import Program
 from racefuzz.schedule import Schedule
 
-HOST = "host"
-"""The track name of host-side spans in a timeline."""
-
-
-class Span(NamedTuple):
-    """One interval of a timeline: op `op_index` (or the spin before it) on `track`, [start_us, end_us)."""
-
-    op_index: int
-    track: str
-    kind: str
-    start_us: float
-    end_us: float
-    label: str
-
-
-@dataclass
-class Execution:
-    """The outcome of one run: what each reading launch loaded, and when everything happened.
-
-    `writers` (launch index -> which launch stored each loaded cell) is filled when asked for, to name
-    the writer that clobbered a read.
-    """
-
-    observations: Observations
-    timeline: list[Span]
-    host_end_us: float
-    writers: Observations | None = None
-    access_time_us: dict[int, float] = field(default_factory=dict)
-
+__all__ = ["HOST", "Execution", "Executor", "PreparedRun", "PreparingExecutor", "Span", "StartedRun"]
 
 Executor = Callable[[Program, Schedule], Execution]
 """Runs a program under a schedule to the end. An executor may also have a `prepare` method (see

@@ -1,10 +1,10 @@
 """`racefuzz bench trace`: what recording costs per op in `racefuzz trace`, on two workloads of
-`racefuzz.trace.proof micro --workload`: `micro`, small in-place torch ops alternating between two streams
+`python -m ci.bench proof micro --workload`: `micro`, small in-place torch ops alternating between two streams
 with a `wait_stream` each, and `out-of-place`, `c = a + b` on one stream (a fresh tensor and a free each
 op: the workload of CSAN's ~110 us/op figure).
 
 On the GPU if there is one (the goal, 20 us/op, is the H200's), else on the CPU (CPU tensors through the same
-dispatch mode, virtual streams: no verdict). Each figure comes from `python -m racefuzz.trace.proof micro` in
+dispatch mode, virtual streams: no verdict). Each figure comes from `python -m ci.bench.proof micro` in
 a fresh process (nothing cached by an earlier figure), whose rounds time the unrecorded baseline, with torch's
 own `torch.cuda` methods, back to back with the recorded runs. Each workload twice: with the C++ fast path and
 with the Python path alone (`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from racefuzz.errors import BackendUnavailable
@@ -27,7 +28,7 @@ racefuzz's patches, recorded, recorded with snapshots)."""
 PATHS = {"fast": "1", "python": "0"}
 """Recorder path -> `RACEFUZZ_TRACE_FASTPATH`."""
 WORKLOADS = ("micro", "out-of-place")
-"""`racefuzz.trace.proof micro --workload` values (its `WORKLOADS`), in the table's order."""
+"""`ci.bench.proof micro --workload` values (its `WORKLOADS`), in the table's order."""
 TIMEOUT_S = 900
 
 
@@ -50,7 +51,7 @@ def run(runs: int = RUNS) -> dict[str, Any]:
 
 def _micro(device: str, runs: int, flag: str, workload: str = "micro") -> dict[str, Any]:
     """The `RECORDING` and `RECORDING-OVERHEAD` figures (medians over the rounds) of one fresh process."""
-    command = [sys.executable, "-m", "racefuzz.trace.proof", "micro", "--device", device, "--runs", str(runs)]
+    command = [sys.executable, "-m", "ci.bench.proof", "micro", "--device", device, "--runs", str(runs)]
     command += ["--workload", workload]
     try:
         out = subprocess.run(
@@ -59,6 +60,7 @@ def _micro(device: str, runs: int, flag: str, workload: str = "micro") -> dict[s
             text=True,
             timeout=TIMEOUT_S,
             env={**os.environ, "RACEFUZZ_TRACE_FASTPATH": flag},
+            cwd=Path(__file__).resolve().parents[2],  # the repository root, where `ci` is importable
         )
     except subprocess.TimeoutExpired:
         raise BackendUnavailable(f"racefuzz bench trace: `{' '.join(command)}` ran past {TIMEOUT_S} s") from None

@@ -5,11 +5,14 @@
     corpus.py    failures saved in a Hypothesis example database, tried first on the next run
     finish.py    shrinking a failure, the k-of-k re-check, the minimal happens-before witness
     minimize.py  structural minimization (fewer delays, simpler workloads from the scenario)
-    outcome.py   `Outcome` (one judged example), `judge`, `explain`, `SearchResult`
+    outcome.py   `judge` (one example by both oracles), `reproduces` (k of k), `explain`
+
+What the search produces (`Outcome`, `Flaky`, `SearchResult`) is plain data in `racefuzz.results`.
 
 The delay strategies are `racefuzz.schedulers`; the workloads come from the design's scenario.
 """
 
+from racefuzz.results import Flaky, Outcome, SearchResult
 from racefuzz.search.driver import (
     COLLECT_EVERY,
     DEFAULT_GPU_BATCH,
@@ -20,7 +23,7 @@ from racefuzz.search.driver import (
     search,
 )
 from racefuzz.search.minimize import minimize, transfer
-from racefuzz.search.outcome import Flaky, Outcome, SearchResult, explain, judge, reproduces
+from racefuzz.search.outcome import explain, judge, reproduces
 from racefuzz.search.pipeline import LOOKAHEAD
 
 __all__ = [

@@ -27,12 +27,13 @@ from racefuzz.errors import InvalidArgument
 from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads
 from racefuzz.oracle import find_corruptions
+from racefuzz.results import Flaky, Outcome, SearchResult
 from racefuzz.scenarios import Workload, check_hazards
 from racefuzz.schedule import ScheduleInfeasible
 from racefuzz.schedulers import DEFAULT_STRATEGY, delay_strategy
 from racefuzz.search.corpus import Corpus, corpus_key
 from racefuzz.search.finish import finish_manifested, finish_unordered, search_settings, shrink_alone
-from racefuzz.search.outcome import Flaky, Outcome, SearchResult, explain, judge
+from racefuzz.search.outcome import explain, judge
 from racefuzz.search.pipeline import Batch, Draw, Example
 
 if TYPE_CHECKING:

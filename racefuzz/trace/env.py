@@ -11,21 +11,43 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from racefuzz.trace.recorder import Recorder
+
+class StreamRecorder(Protocol):
+    """What the env and its virtual streams and events call on the run's recorder
+    (`racefuzz.trace.recorder.Recorder`). A protocol, not an import of the recorder: the recorder makes
+    its default `VirtualStream`, so it imports this module."""
+
+    virtual_current: Any
+    paused: int
+
+    def new_event_name(self) -> str: ...
+
+    def on_record(self, event: str, stream: str) -> None: ...
+
+    def on_wait(self, event: str, stream: str) -> None: ...
+
+    def on_stream_sync(self, stream: str) -> None: ...
+
+    def on_event_sync(self, event: str) -> None: ...
+
+    def on_device_sync(self) -> None: ...
+
+    def name_stream(self, handle: int, name: str) -> None: ...
+
+    def name_storage(self, tensor: Any, name: str) -> None: ...
 
 
 class VirtualStream:
     """A stream of a CPU trace: records what a `torch.cuda.Stream` would report (see the module doc)."""
 
-    def __init__(self, recorder: Recorder, name: str) -> None:
+    def __init__(self, recorder: StreamRecorder, name: str) -> None:
         self._recorder = recorder
         self.name = name
 
     @property
-    def recorder(self) -> Recorder:
+    def recorder(self) -> StreamRecorder:
         """The run's recorder; a UserCodeError if this is the default stream of a run that has ended (it
         holds its recorder weakly: a step that kept `env.current_stream()` and uses it in a later run)."""
         return _live(self._recorder, f"stream {self.name!r}")
@@ -52,12 +74,12 @@ class VirtualStream:
 class VirtualEvent:
     """An event of a CPU trace."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: StreamRecorder) -> None:
         self._recorder = recorder
         self.name = recorder.new_event_name()
 
     @property
-    def recorder(self) -> Recorder:
+    def recorder(self) -> StreamRecorder:
         """The run's recorder; a UserCodeError if the event was made by an ended run's default stream."""
         return _live(self._recorder, f"event {self.name!r}")
 
@@ -72,7 +94,7 @@ class VirtualEvent:
         self.recorder.on_event_sync(self.name)
 
 
-def _live(recorder: Recorder, what: str) -> Recorder:
+def _live(recorder: StreamRecorder, what: str) -> StreamRecorder:
     """`recorder`, or a UserCodeError naming `what` if it is the weak proxy of a recorder that is gone."""
     try:
         recorder.paused  # noqa: B018 - touches a weak proxy
@@ -90,7 +112,7 @@ class TraceEnv:
     """What racefuzz hands a step: `device`, `stream(name)`, `use(stream)`, `event()`, `synchronize()`,
     `name(tensor, name)`. A step written against it runs on the GPU and, recorded, on the CPU."""
 
-    def __init__(self, recorder: Recorder, device: str) -> None:
+    def __init__(self, recorder: StreamRecorder, device: str) -> None:
         self._recorder = recorder
         self.device = device
 

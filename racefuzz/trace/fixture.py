@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racefuzz.testing import Inconclusive, RaceFound
+from racefuzz.errors import Inconclusive, RaceFound
 from racefuzz.trace.search import Step, TraceResult
 
 _DEVICES = {"sim": "cpu", "cpu": "cpu", "cuda": "cuda", "auto": "auto"}

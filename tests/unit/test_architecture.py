@@ -1,5 +1,5 @@
 """The layering of docs/architecture.md, checked from the imports (an `import` anywhere in a module,
-lazy ones included, counts)."""
+lazy ones and those under `TYPE_CHECKING` included, counts)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> set[str]:
+    """Every absolute name `path` imports: modules, and `module.name` for each name taken from one."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -27,13 +28,98 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-MODULES = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+SOURCES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+MODULES = {name: _imports(path) for name, path in SOURCES.items()}
+
+
+def _dependencies(path: Path) -> set[str]:
+    """The package's modules `path` imports: `from pkg import sub` is an edge to `pkg.sub` where that is a
+    module, else (a name defined in, or handed on by, `pkg`) to `pkg`; `import a.b` is an edge to `a.b`."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in SOURCES)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                if submodule in SOURCES:
+                    found.add(submodule)
+                elif node.module in SOURCES:
+                    found.add(node.module)
+    found.discard(_module_name(path))
+    return found
+
+
+GRAPH = {name: _dependencies(path) for name, path in SOURCES.items()}
+"""Module -> the package's modules it imports."""
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import circle through each strongly connected set of `graph` that has one (Tarjan's algorithm,
+    iterative): the modules of the set in the order of a walk back to where it started."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(component)
+    return [_walk_around(component, graph) for component in components]
+
+
+def _walk_around(component: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A circle inside `component` (every member reaches every other): from its first member, the shortest
+    way back to it, so that a failure names the files and the order of the imports to open."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node] & component):
+                if child == start:
+                    return [*paths[node], start]
+                if child not in paths:
+                    paths[child] = [*paths[node], child]
+                    following.append(child)
+        frontier = following
+    raise AssertionError(f"{sorted(component)} is not strongly connected")
+
 
 SCENARIO_PACKAGES = ("racefuzz.scenarios.sglang",)
-"""Scenario implementations: only they, the benchmarks (which measure sglang's scenario) and the commands
-that are about sglang's costs may import them."""
+"""Scenario implementations: only they and the commands that are about sglang's costs may import them."""
 
-GENERIC = [name for name in MODULES if not name.startswith(SCENARIO_PACKAGES) and not name.startswith("racefuzz.bench")]
+GENERIC = [name for name in MODULES if not name.startswith((*SCENARIO_PACKAGES, "racefuzz.bench"))]
 
 CORE = (
     "racefuzz.program",
@@ -41,25 +127,84 @@ CORE = (
     "racefuzz.memory",
     "racefuzz.oracle",
     "racefuzz.sim",
+    "racefuzz.execution",
     "racefuzz.schedule",
     "racefuzz.device",
     "racefuzz.designs",
     "racefuzz.scenarios",
     "racefuzz.schedulers",
 )
-"""The core of docs/architecture.md: it imports nothing from the layers above it."""
+"""The core of docs/architecture.md: it imports nothing from the layers above it, the backends included."""
 
-PURE_CORE = (*CORE, "racefuzz.search", "racefuzz.backends")
+PURE_CORE = (*CORE, "racefuzz.results", "racefuzz.search", "racefuzz.backends")
 """What imports neither torch nor cupy (the CUDA backend's own package excepted: it imports them lazily)."""
+
+FACE = ("racefuzz.cli", "racefuzz.commands", "racefuzz.pytest_plugin", "racefuzz.testing")
+"""What users call: the command, its subcommands, the pytest plugin and the assertions."""
+
+ABOVE_THE_CORE = (
+    *FACE,
+    "racefuzz.report",
+    "racefuzz.timeline",
+    "racefuzz.lint",
+    "racefuzz.progress",
+    "racefuzz.prove",
+    "racefuzz.selfcheck",
+    "racefuzz.trace",
+    "racefuzz.search",
+    "racefuzz.results",
+    "racefuzz.backends",
+)
+"""The layers of docs/architecture.md above the core. `racefuzz.watchdog` (stdlib only: the checkpoint a design
+hook passes, Ctrl-C, the per-example watchdog), `errors`, `exitcodes` and `outputs` are leaves any layer may
+import."""
+
+LEAVES = ("racefuzz.watchdog", "racefuzz.errors", "racefuzz.exitcodes", "racefuzz.outputs")
+
+SCENARIO_SURFACE = ("racefuzz.scenarios.sglang.compare", "racefuzz.scenarios.sglang.real_kernels")
+"""What lives with its scenario above the core: its own command (`Scenario.compare_command`, behind `racefuzz
+compare`, which draws with the timeline) and its real-code step (sglang's own kernels, recorded by
+`racefuzz.trace`)."""
 
 
 def _imports_any(name: str, prefixes: tuple[str, ...]) -> list[str]:
-    return sorted(i for i in MODULES[name] if i.startswith(prefixes) or i in prefixes)
+    return sorted(i for i in MODULES[name] if i.startswith(tuple(f"{p}." for p in prefixes)) or i in prefixes)
+
+
+def _in(name: str, prefixes: tuple[str, ...]) -> bool:
+    return name in prefixes or name.startswith(tuple(f"{p}." for p in prefixes))
 
 
 def test_the_tree_was_found() -> None:
     assert "racefuzz.search.driver" in MODULES and "racefuzz.scenarios.sglang.loop" in MODULES
+    assert "racefuzz.trace.recorder" in MODULES and "racefuzz.report" in MODULES
     assert len(GENERIC) > 20
+    # The edges are the imports: spot checks of the two kinds of `from ... import ...`.
+    assert "racefuzz.hb" in GRAPH["racefuzz.sim"]  # a name taken from a module
+    assert "racefuzz.trace.fastpath" in GRAPH["racefuzz.trace.capture"]  # a submodule taken from a package
+    assert "racefuzz.trace" not in GRAPH["racefuzz.trace.capture"]
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}, "f": {"g"}, "g": {"f"}}
+    assert _circles(graph) == [["a", "b", "c", "a"], ["f", "g", "f"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_the_package() -> None:
+    circles = _circles(GRAPH)
+    assert not circles, " ; ".join(" -> ".join(circle) for circle in circles)
+
+
+def test_no_module_of_the_trace_names_sglang() -> None:
+    """The recorder is generic: sglang's real-code step lives with sglang's scenario (`SCENARIO_SURFACE`)."""
+    trace = [name for name in MODULES if _in(name, ("racefuzz.trace",))]
+    assert len(trace) > 10
+    offenders = {name: sorted(i for i in MODULES[name] if "sglang" in i) for name in trace}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
+    mentions = [name for name in trace if "sglang" in SOURCES[name].read_text().lower()]
+    assert not mentions, mentions
 
 
 def test_no_generic_module_imports_a_scenario_implementation() -> None:
@@ -68,14 +213,46 @@ def test_no_generic_module_imports_a_scenario_implementation() -> None:
     assert not offenders, offenders
 
 
+def test_the_report_reads_results_not_the_runner() -> None:
+    """The reports and the timeline take `racefuzz.results`' plain data; the search makes it."""
+    readers = [n for n in MODULES if _in(n, ("racefuzz.report", "racefuzz.timeline", "racefuzz.results"))]
+    offenders = {name: _imports_any(name, ("racefuzz.search",)) for name in readers}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
+    assert "racefuzz.results" in GRAPH["racefuzz.report"] and "racefuzz.results" in GRAPH["racefuzz.timeline"]
+
+
+def test_the_recorder_imports_neither_the_face_nor_the_search() -> None:
+    trace = [name for name in MODULES if _in(name, ("racefuzz.trace",))]
+    offenders = {name: _imports_any(name, (*FACE, "racefuzz.search")) for name in trace}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
+
+
+def test_the_pure_core_does_not_import_the_backends() -> None:
+    """A backend runs what the core describes: the simulator's `Execution` is `racefuzz.execution`'s."""
+    core = [n for n in MODULES if _in(n, CORE) and n not in SCENARIO_SURFACE]
+    offenders = {name: _imports_any(name, ("racefuzz.backends",)) for name in core}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
+
+
 def test_the_pure_core_imports_neither_torch_nor_cupy() -> None:
-    core = [n for n in MODULES if n.startswith(PURE_CORE) and not n.startswith("racefuzz.backends.cuda")]
+    core = [n for n in MODULES if _in(n, PURE_CORE) and not _in(n, ("racefuzz.backends.cuda", *SCENARIO_SURFACE))]
     offenders = {name: _imports_any(name, ("torch", "cupy")) for name in core}
-    assert not {k: v for k, v in offenders.items() if v}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
 
 
 def test_no_module_imports_the_cli_but_the_entry_point() -> None:
     offenders = [name for name, imports in MODULES.items() if "racefuzz.cli" in imports and name != "racefuzz.__main__"]
+    assert not offenders, offenders
+
+
+def test_the_package_imports_nothing_of_the_repository_around_it() -> None:
+    """The benchmarks (`ci.bench`) and the tests use the package; the wheel, which ships neither, runs alone."""
+    offenders = {name: _imports_any(name, ("ci", "tests", "properties")) for name in MODULES}
+    offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, offenders
 
 
@@ -85,40 +262,18 @@ def test_no_private_name_is_imported_across_modules() -> None:
         for name, imports in MODULES.items()
     }
     offenders = {k: [i for i in v if not i.endswith("__version__")] for k, v in offenders.items()}
-    assert not {k: v for k, v in offenders.items() if v}, offenders
-
-
-USER_SURFACE = (
-    "racefuzz.cli",
-    "racefuzz.commands",
-    "racefuzz.pytest_plugin",
-    "racefuzz.testing",
-    "racefuzz.report",
-    "racefuzz.timeline",
-    "racefuzz.outputs",
-    "racefuzz.lint",
-    "racefuzz.progress",
-    "racefuzz.prove",
-    "racefuzz.trace",
-    "racefuzz.bench",
-    "racefuzz.search",
-)
-"""The layers of docs/architecture.md above the core. `racefuzz.watchdog` (stdlib only: the checkpoint a design
-hook passes, Ctrl-C, the per-example watchdog), `errors` and `exitcodes` are leaves any layer may import."""
-
-
-SCENARIO_COMMANDS = ("racefuzz.scenarios.sglang.compare",)
-"""A scenario's own command (`Scenario.compare_command`, behind `racefuzz compare`): user surface that lives
-with its scenario, so it may draw with the timeline."""
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
 
 
 def test_the_core_imports_nothing_from_the_layers_above_it() -> None:
-    core = [n for n in MODULES if n.startswith(CORE) and n not in SCENARIO_COMMANDS]
-    offenders = {name: _imports_any(name, USER_SURFACE) for name in core}
-    assert not {k: v for k, v in offenders.items() if v}
+    core = [n for n in MODULES if _in(n, CORE) and n not in SCENARIO_SURFACE]
+    offenders = {name: _imports_any(name, ABOVE_THE_CORE) for name in core}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
 
 
 def test_the_leaves_import_only_leaves() -> None:
-    for leaf in ("racefuzz.watchdog", "racefuzz.errors", "racefuzz.exitcodes"):
-        inside = {i for i in MODULES[leaf] if i.startswith("racefuzz")}
-        assert inside <= {"racefuzz.exitcodes", "racefuzz.exitcodes.ExitCode", "racefuzz.errors"}, (leaf, inside)
+    for leaf in LEAVES:
+        inside = {i for i in GRAPH[leaf] if i.startswith("racefuzz")}
+        assert inside <= set(LEAVES), (leaf, inside)

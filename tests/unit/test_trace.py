@@ -646,7 +646,7 @@ def test_source_lines_are_exact_per_call_site_and_recording_leaves_the_gc_as_it_
 
 
 def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead(capsys):
-    from racefuzz.trace.proof import main, recording_cost
+    from ci.bench.proof import main, recording_cost
 
     figures = recording_cost(ops=20, runs=3, device="cpu")
     measured = {"plain", "plain_installed", "trace", "trace_with_snapshots"}
@@ -661,7 +661,7 @@ def test_the_recording_cost_is_measured_on_the_cpu_and_printed_with_its_overhead
 
 
 def test_the_recording_overhead_pairs_each_round_with_its_own_plain_run():
-    from racefuzz.trace.proof import _overheads
+    from ci.bench.proof import _overheads
 
     samples = {  # a machine that slows down by 10 us/op between the rounds
         "plain_us_per_op": [20.0, 30.0, 40.0],
@@ -722,7 +722,7 @@ def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(m
 
 
 def test_the_step_cost_pairs_each_run_with_an_empty_dispatch_mode_on_the_cpu():
-    from racefuzz.trace.proof import _step_cost
+    from ci.bench.proof import _step_cost
 
     figures = _step_cost(overlap, rounds=5, device="cpu")
     assert set(figures) == {

@@ -1,4 +1,4 @@
-"""sglang 0.5.23's overlap step (racefuzz.trace.sglang_overlap) judged on the CPU from committed traces.
+"""sglang 0.5.23's overlap step (racefuzz.scenarios.sglang.real_kernels) judged on the CPU from committed traces.
 
 The traces under tests/unit/traces/ were recorded from sglang's real pool and kernels with
 `run_once(step, "cpu", serialize=True, run_kernels=False)` (the Triton kernels recorded from their
@@ -56,8 +56,8 @@ def test_the_traces_round_trip_through_json():
 @pytest.mark.parametrize("design", DESIGNS)
 def test_recording_sglangs_code_afresh_gives_the_committed_verdicts(design: str):
     pytest.importorskip("torch")
-    from racefuzz.trace import sglang_overlap
+    from racefuzz.scenarios.sglang import real_kernels
     from racefuzz.trace.search import run_once
 
-    fresh = run_once(sglang_overlap.step_for(design), "cpu", serialize=True, run_kernels=False).trace
+    fresh = run_once(real_kernels.step_for(design), "cpu", serialize=True, run_kernels=False).trace
     assert [str(r) for r in find_trace_races(fresh)] == [str(r) for r in find_trace_races(committed(design))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from racefuzz.backends import HOST, Execution
+from racefuzz.execution import HOST, Execution
 from racefuzz.program import Launch, Program
 from racefuzz.scenarios.sglang.loop import FORWARD_STREAM
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from racefuzz.backends.protocol import HOST
 from racefuzz.device import Device, EventHandle, StreamHandle
+from racefuzz.execution import HOST
 from racefuzz.program import Buffer, CellRange, Program
 from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
 

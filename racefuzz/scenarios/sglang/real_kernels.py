@@ -1,4 +1,7 @@
-"""sglang's own code under racefuzz.trace: one overlap iteration pair on its real kernels (sglang 0.5.23).
+"""sglang's own code under `racefuzz trace`: one overlap iteration pair on its real kernels (sglang 0.5.23).
+
+The scenario's real-code step, beside its model (`loop.py`): the same designs, run on sglang's own pool
+and Triton kernels and recorded by `racefuzz.trace` instead of built as a `Program`.
 
 The pieces are sglang's, loaded from the installed wheel (`pip install racefuzz[sglang]`, which installs
 `sglang==0.5.23` without its dependencies) without importing the `sglang` package (whose `__init__`
@@ -30,7 +33,7 @@ computes; iteration 2 is prepared on the schedule stream while that forward runs
 row is reused by a new request and written, and the plan stream over-allocates draft slots of a running
 request. The value the oracle watches is `kv_indices` of iteration 1.
 
-Run as `python -m racefuzz.trace.sglang_overlap proof` on a GPU for the committed results.
+`python -m ci.bench proof proof` (from the repository root, on a GPU) is the run of the committed results.
 """
 
 from __future__ import annotations
@@ -252,7 +255,7 @@ def overlap_step(env: Any, design: str = CONTROL) -> dict[str, Any]:
 
 
 def step_for(design: str):
-    """The step of `design`, importable as `racefuzz.trace.sglang_overlap:step_<design>`."""
+    """The step of `design`, importable as `racefuzz.scenarios.sglang.real_kernels:step_<design>`."""
 
     def step(env: Any) -> dict[str, Any]:
         return overlap_step(env, design)
@@ -265,9 +268,3 @@ step_none = step_for("none")
 step_global_war = step_for("global-war")
 step_war_after_launch = step_for("war-after-launch")
 step_self_event = step_for("self-event")
-
-
-if __name__ == "__main__":
-    from racefuzz.trace.proof import main
-
-    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,9 @@
-"""The GPU proof of `racefuzz.trace` on sglang's real code (`python -m racefuzz.trace.proof`).
+"""The GPU proof of `racefuzz.trace` on sglang's real code, and recording costs (`python -m ci.bench proof`).
 
-`proof`: for each design of `racefuzz.trace.sglang_overlap`, the happens-before verdict of the recorded
+Run from the repository root (`ci` is not part of the installed package): `python -m ci.bench proof
+proof|csan|cost|micro [options]`, or `python -m ci.bench.proof ...` as the fresh processes below do.
+
+`proof`: for each design of `racefuzz.scenarios.sglang.real_kernels`, the happens-before verdict of the recorded
 trace and the delay search's verdict (the control `none` first, then the others beside it), the cost of
 each design's step, recording cost per op against PyTorch's CUDA sanitizer (CSAN) on the same ops, and
 what CSAN reports on each design's step (each CSAN run in its own process: CSAN cannot be turned off once
@@ -18,11 +21,15 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from racefuzz.scenarios.sglang.real_kernels import DESIGNS
 from racefuzz.trace.recorder import Recorder
 from racefuzz.trace.search import run_once
-from racefuzz.trace.sglang_overlap import DESIGNS
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: the fresh processes run `python -m ci.bench.proof` there."""
 
 CSAN_STEPS = (*DESIGNS, "example-racy", "example-synced", "csan-control")
 """Steps run under CSAN: sglang's designs, the torch-only example, and a race CSAN does see (its control:
@@ -130,9 +137,9 @@ def _empty_mode_class() -> type:
 
 def cost_main(design: str, rounds: int) -> int:
     """Print the `COST` line of sglang design `design` (`_step_cost`, in this process: run it fresh)."""
-    from racefuzz.trace import sglang_overlap
+    from racefuzz.scenarios.sglang import real_kernels
 
-    step = sglang_overlap.step_for(design)
+    step = real_kernels.step_for(design)
     figures = _step_cost(step, rounds)
     record = run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
     launches, events = len(record.launch_ops), len(record.trace.ops)
@@ -149,10 +156,10 @@ def cost_main(design: str, rounds: int) -> int:
 
 
 def _fresh(*arguments: str) -> None:
-    """Run `python -m racefuzz.trace.proof ARGUMENTS` in a fresh process (racefuzz's patches not installed
+    """Run `python -m ci.bench.proof ARGUMENTS` in a fresh process (racefuzz's patches not installed
     until its own first recorder) and print its output."""
     out = subprocess.run(
-        [sys.executable, "-m", "racefuzz.trace.proof", *arguments], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "ci.bench.proof", *arguments], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     print(out.stdout.strip())
     if out.returncode:
@@ -325,20 +332,21 @@ def csan_main(design: str) -> int:
     The unrecorded figures are taken before `torch.cuda._sanitizer` is imported: importing it makes its
     `CUDASanitizer()`, whose dispatch mode's constructor turns torch's GPU-trace callbacks on with CSAN's
     handlers (a stack trace per allocation among them) before `enable_cuda_sanitizer()` is called; figures
-    taken after the import already carry that part of CSAN's cost (session 6's 5-47 ms "unrecorded" steps).
+    taken after the import already carry that part of CSAN's cost (5-47 ms "unrecorded" steps in an earlier run).
 
     `design` may also be `example-racy` / `example-synced` (`racefuzz.trace.example`: a torch-only step
     whose racing write is a view not starting at the table's base)."""
     import torch
 
-    from racefuzz.trace import example, sglang_overlap
+    from racefuzz.scenarios.sglang import real_kernels
+    from racefuzz.trace import example
 
     steps = {
         "example-racy": example.racy_step,
         "example-synced": example.synced_step,
         "csan-control": csan_control_step,
     }
-    step = steps[design] if design in steps else sglang_overlap.step_for(design)
+    step = steps[design] if design in steps else real_kernels.step_for(design)
     step(_plain_env())  # compile the Triton kernels before CSAN is on
     # Counted before either timing, so that both run with racefuzz's torch.cuda patches installed.
     launches = len(run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={}).launch_ops)
@@ -396,13 +404,13 @@ def _micro_us(ops: int, runs: int = 5) -> float:
 
 
 def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: list[str]) -> int:
-    from racefuzz.trace import sglang_overlap
+    from racefuzz.scenarios.sglang import real_kernels
     from racefuzz.trace.report import render
     from racefuzz.trace.search import fuzz
 
     control_caught = False
     for design in designs:
-        step = sglang_overlap.step_for(design)
+        step = real_kernels.step_for(design)
         result = fuzz(
             step, device="cuda", watch=("req_to_token",), examples=examples, max_delays=2, confirm=5, seed=seed
         )
@@ -414,10 +422,10 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
             f"examples={result.examples} "
             f"seconds={result.seconds:.2f} examples_per_s={rate:.1f} launches={len(result.reference.launch_ops)}"
         )
-        if design == sglang_overlap.CONTROL:
+        if design == real_kernels.CONTROL:
             control_caught = bool(result.races) and result.divergence is not None
             print(f"CONTROL none caught by hb and manifested: {control_caught}")
-    for design in sglang_overlap.DESIGNS if cost else ():
+    for design in real_kernels.DESIGNS if cost else ():
         _fresh("cost", "--design", design)
     from racefuzz.trace import example
 
@@ -432,10 +440,11 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
         _fresh("micro", "--runs", "9")
     for design in csan:
         out = subprocess.run(
-            [sys.executable, "-m", "racefuzz.trace.proof", "csan", "--design", design],
+            [sys.executable, "-m", "ci.bench.proof", "csan", "--design", design],
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=ROOT,
         )
         print(out.stdout.strip())
         if out.returncode:
@@ -444,7 +453,7 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m racefuzz.trace.proof")
+    parser = argparse.ArgumentParser(prog="python -m ci.bench proof")
     commands = parser.add_subparsers(dest="command", required=True)
     proof = commands.add_parser("proof")
     proof.add_argument("--examples", type=int, default=1000)
