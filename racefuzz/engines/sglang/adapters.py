@@ -1,0 +1,254 @@
+"""Per-version differences of sglang that the harness absorbs: how the server config is published, how
+requests arrive, what a worker exposes for the barrier's read-done slot, where modules live.
+
+`adapter_for(version_text)` picks one by the sources' own version (`sglang/version.py`). Each difference
+names the version it comes from; a version the harness cannot drive raises `Unsupported` with one line
+naming what is missing (`check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from array import array
+import re
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+from racefuzz.engines.sglang.workload import Request
+
+
+class Unsupported(RuntimeError):
+    """This sglang version lacks something the harness needs (the message names it, in one line)."""
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def process_group(name: str) -> Any:
+    """A stand-in for a world-size-1 `GroupCoordinator` (collectives are never reached at size 1)."""
+    group = mock.MagicMock(name=name)
+    group.world_size = 1
+    group.rank = 0
+    group.rank_in_group = 0
+    group.is_first_rank = True
+    group.is_last_rank = True
+    group.ranks = [0]
+    group.cpu_group.size.return_value = 1
+    return group
+
+
+class Adapter:
+    """sglang 0.5.23 (and what later versions keep)."""
+
+    name = "0.5.23"
+    read_done_slot = ("last_shared_read_runner", "shared_read_done_event")
+    """The worker property the scheduler's `_apply_war_barrier` reads, and the runner's event attribute."""
+
+    required = (
+        ("sglang.srt.managers.scheduler", "Scheduler"),
+        ("sglang.srt.managers.scheduler", "Scheduler._apply_war_barrier"),
+        ("sglang.srt.managers.scheduler", "Scheduler.event_loop_overlap"),
+        ("sglang.srt.managers.overlap_utils", "FutureMap"),
+        ("sglang.srt.mem_cache.radix_cache", "RadixCache"),
+        ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool"),
+    )
+
+    def check(self, sgl: Any) -> None:
+        """`Unsupported` naming the first thing of `required` these sources lack."""
+        import importlib
+
+        for module_name, attr in self.required:
+            try:
+                target: Any = importlib.import_module(module_name)
+            except Exception as exc:  # an import error is the one line to report
+                raise Unsupported(f"cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+            for part in attr.split("."):
+                if not hasattr(target, part):
+                    raise Unsupported(f"{module_name} has no {attr} (the harness drives that)")
+                target = getattr(target, part)
+
+    def scheduler_class(self, sgl: Any) -> type:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        return Scheduler
+
+    def server_args(self, sgl: Any) -> Any:
+        from sglang.srt.server_args import ServerArgs
+
+        return ServerArgs(
+            model_path="dummy",
+            device="cpu",
+            skip_tokenizer_init=True,
+            page_size=1,
+            chunked_prefill_size=-1,
+            max_running_requests=8,
+            disable_cuda_graph=True,
+            attention_backend="torch_native",
+            sampling_backend="pytorch",
+            random_seed=0,
+        )
+
+    @contextlib.contextmanager
+    def published(self, server_args: Any) -> Iterator[None]:
+        """`runtime_context.publish` as sglang's own `published_topology` test helper does."""
+        from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+
+        reset_context()
+        publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+        self.override_groups()
+        try:
+            yield
+        finally:
+            reset_context()
+
+    def override_groups(self) -> None:
+        """Every process group of the parallel context as a world-size-1 mock (no torch.distributed)."""
+        from sglang.srt.runtime_context import _parallel_fields, get_parallel
+
+        names = sorted(name for name in _parallel_fields() if name.endswith("_group"))
+        get_parallel().override_permanently(**{name: process_group(name) for name in names})
+
+    def init_args(self, sgl: Any) -> tuple[Any, ...]:
+        port_args = mock.MagicMock(name="port_args")
+        port_args.nccl_port = 0
+        return (sgl.server_args, port_args)
+
+    @contextlib.contextmanager
+    def patched_runtime(self, sgl: Any, env: Any, worker_holder: dict[str, Any]) -> Iterator[None]:
+        """The distributed runtime and the KV-cache builder: replaced (world size 1, real pools)."""
+        import sglang.srt.managers.scheduler as scheduler_module
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.published(sgl.server_args))
+            bootstrap = getattr(scheduler_module, "bootstrap", None)
+            if bootstrap is not None:
+                stack.enter_context(mock.patch.object(bootstrap, "init_parallel_runtime", lambda **kw: None))
+                stack.enter_context(mock.patch.object(bootstrap, "init_layer_runtime", lambda **kw: None))
+            builder = getattr(scheduler_module, "kv_cache_builder", None)
+            if builder is not None:
+                stack.enter_context(
+                    mock.patch.object(builder, "build_kv_cache", lambda **kw: worker_holder["worker"].kv_cache_result())
+                )
+            stack.enter_context(mock.patch.object(scheduler_module, "get_dp_tp_group", mock.MagicMock(), create=True))
+            yield
+
+    def make_allocator(self, kv_tokens: int, device: str) -> Any:
+        import torch
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+        return TokenToKVPoolAllocator(kv_tokens, torch.int32, device, None, False)
+
+    def make_radix_cache(self, req_to_token_pool: Any, allocator: Any) -> Any:
+        """An ENABLED `RadixCache` (with `disable=True` a prefill result never rewrites its row)."""
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+
+        return RadixCache(
+            CacheInitParams(
+                disable=False, req_to_token_pool=req_to_token_pool, token_to_kv_pool_allocator=allocator, page_size=1
+            )
+        )
+
+    def kv_cache_result(self, worker: Any) -> Any:
+        """What `kv_cache_builder.build_kv_cache` returns, over the fake worker's real pools."""
+        from sglang.srt.mem_cache.kv_cache_builder import KVCacheBuildResult
+
+        return KVCacheBuildResult(
+            is_hybrid_swa=False,
+            is_hybrid_ssm=False,
+            sliding_window_size=None,
+            full_tokens_per_layer=None,
+            swa_tokens_per_layer=None,
+            req_to_token_pool=worker.req_to_token_pool,
+            token_to_kv_pool_allocator=worker.token_to_kv_pool_allocator,
+            disable_radix_cache=False,
+            tree_cache=worker.tree_cache,
+        )
+
+    def make_result(self, logits: Any, next_token_ids: Any) -> Any:
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        return GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(next_token_logits=logits),
+            next_token_ids=next_token_ids,
+            can_run_cuda_graph=False,
+        )
+
+    def after_ipc(self, scheduler: Any) -> None:
+        pass
+
+    def install_worker(self, scheduler: Any, worker: Any, device_module: Any) -> None:
+        """What `init_model_worker` sets, from the fake worker (0.5.23's `init_model_worker`)."""
+        scheduler.tp_worker = worker
+        scheduler.draft_worker = None
+        scheduler.model_worker = worker
+        scheduler.schedule_stream = device_module.Stream(priority=0)
+        (
+            scheduler.max_total_num_tokens,
+            scheduler.max_prefill_tokens,
+            scheduler.max_running_requests,
+            scheduler.max_queued_requests,
+            scheduler.max_req_len,
+            scheduler.max_req_input_len,
+            scheduler.random_seed,
+            scheduler.device,
+            scheduler.forward_stream,
+            _,
+            _,
+            _,
+        ) = worker.get_worker_info()
+        scheduler.min_free_slots_delayer = None
+        scheduler.kv_cache_allocation_time = 0.0
+        for name in ("tp", "attn_tp", "attn_cp", "dp_tp"):
+            group = process_group(f"{name}_group")
+            setattr(scheduler, f"{name}_group", group)
+            setattr(scheduler, f"{name}_cpu_group", group.cpu_group)
+        scheduler.pp_group = process_group("pp_group")
+        scheduler.world_group = process_group("world_group")
+        scheduler.pad_input_ids_func = None
+
+    def install_receiver(self, scheduler: Any, receiver: Any) -> None:
+        """Requests arrive through `request_receiver.recv_requests` (0.5.23's `ingest_requests`)."""
+        scheduler.request_receiver = mock.MagicMock(name="request_receiver")
+        scheduler.request_receiver.recv_requests = receiver
+
+    def make_input(self, scheduler: Any, request: Request) -> Any:
+        """A `TokenizedGenerateReqInput` as the tokenizer manager sends it (greedy, fixed length)."""
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=request.output_len, ignore_eos=True, temperature=0.0)
+        params.normalize(None)
+        params.verify(scheduler.model_config.vocab_size)
+        ids = [(7 * i + len(request.rid)) % 97 + 3 for i in range(request.prompt_len)]
+        return TokenizedGenerateReqInput(
+            rid=request.rid,
+            input_text="",
+            input_ids=array("q", ids),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=params,
+            return_logprob=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            stream=False,
+        )
+
+
+ADAPTERS: tuple[tuple[tuple[int, ...], type[Adapter]], ...] = ((( 0, 5, 23), Adapter),)
+
+
+def adapter_for(version_text: str) -> Adapter:
+    version = parse_version(version_text)
+    chosen = None
+    for since, cls in ADAPTERS:
+        if version >= since:
+            chosen = cls
+    if chosen is None:
+        raise Unsupported(f"sglang {version_text}: no adapter (the harness drives 0.5.14 and later)")
+    return chosen()

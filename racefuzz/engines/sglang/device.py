@@ -1,0 +1,104 @@
+"""A device-module shim: what sglang asks `torch.get_device_module(device)` / `torch.cuda` for (`Stream`,
+`Event`, `stream(...)`, `StreamContext`, `current_stream`, `synchronize`), answered with a `TraceEnv`'s
+streams and events, so that every stream, event, record, wait and sync sglang's own code makes on the CPU
+is recorded as it would be on a GPU.
+
+On a GPU run the env's streams are real CUDA streams and the recorder sees torch.cuda's own methods; the
+shim is only installed for CPU runs (`install(env)` patches `torch.get_device_module` for the run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+class _StreamContext:
+    """`device_module.stream(s)` / `StreamContext(s)`: re-enterable (sglang keeps one as
+    `forward_stream_ctx` and enters it every iteration)."""
+
+    def __init__(self, env: Any, stream: Any) -> None:
+        self._env = env
+        self.stream = stream
+        self._active: list[Any] = []
+
+    def __enter__(self) -> Any:
+        if self.stream is None:
+            self._active.append(contextlib.nullcontext())
+        else:
+            self._active.append(self._env.use(self.stream))
+        self._active[-1].__enter__()
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        self._active.pop().__exit__(*exc)
+
+
+class DeviceModule:
+    """`torch.cuda`'s stream and event API over a `TraceEnv` (CPU run): streams are named in creation
+    order by what sglang makes them for, when the harness says (`names`), else `stream#k`."""
+
+    def __init__(self, env: Any, names: list[str] | None = None) -> None:
+        self._env = env
+        self._names = list(names or [])
+        self._count = 0
+        self.streams: list[Any] = []
+
+    def Stream(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+        name = self._names.pop(0) if self._names else f"stream#{self._count}"
+        self._count += 1
+        stream = self._env.stream(name)
+        self.streams.append(stream)
+        return stream
+
+    def Event(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+        return self._env.event()
+
+    def stream(self, stream: Any) -> _StreamContext:
+        return _StreamContext(self._env, stream)
+
+    def StreamContext(self, stream: Any) -> _StreamContext:  # noqa: N802 - torch's name
+        return _StreamContext(self._env, stream)
+
+    def current_stream(self, device: Any = None) -> Any:
+        return self._env.current_stream()
+
+    def default_stream(self, device: Any = None) -> Any:
+        return self._env.current_stream()
+
+    def set_stream(self, stream: Any) -> None:
+        raise NotImplementedError("set_stream is not faked: sglang's overlap loop uses stream contexts")
+
+    def synchronize(self, device: Any = None) -> None:
+        self._env.synchronize()
+
+    def is_available(self) -> bool:
+        return False
+
+    def current_device(self) -> int:
+        return 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def empty_cache(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cpu, name)
+
+
+@contextlib.contextmanager
+def installed(module: DeviceModule) -> Iterator[DeviceModule]:
+    """`torch.get_device_module(anything)` returns `module` inside the block (CPU runs)."""
+    import torch
+
+    original = torch.get_device_module
+    torch.get_device_module = lambda device=None: module  # type: ignore[assignment]
+    try:
+        yield module
+    finally:
+        torch.get_device_module = original  # type: ignore[assignment]

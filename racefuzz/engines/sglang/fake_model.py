@@ -1,0 +1,270 @@
+"""The fake model: a worker with `TpModelWorker`'s interface whose forward launches small kernels that read
+`req_to_token` the way sglang's attention backends do, and returns a `GenerationBatchResult`.
+
+Real (sglang's): the pools it hands the scheduler (`ReqToTokenPool`, `TokenToKVPoolAllocator`, an
+enabled `RadixCache` built from `CacheInitParams`), the `GenerationBatchResult` and `LogitsProcessorOutput`
+types. Fake: the model itself. The forward, on the stream sglang made current (the forward stream):
+
+* `attention_kv_indices`: reads `req_to_token[req_pool_indices[i], 0:seq_lens[i]]` for every request i
+  into a flat `kv_indices` array (what `create_flashinfer_kv_indices_triton` and the FA3 page table
+  gather read; recorded from an annotation, rows exact);
+* `model_compute`: the layers, a function of the token ids and those indices (a few torch ops);
+* the sampled next token of each request (greedy over fake logits).
+
+It never reads a device value back to the host (that would be a sync of the forward stream that sglang's
+own code does not make, hiding the race under test). It publishes no read-done event, as sglang 0.5.23's
+eager non-speculative forward does not (`maybe_publish_prefill_shared_read_done` returns early unless the
+speculative algorithm supports it; the decode fast path is the CUDA-graph runner's), so the scheduler's
+`_apply_war_barrier` takes its coarse `wait_stream` path; `publish_read_done=True` records one right after
+the reads (what a backend with a read-done fence would do).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from racefuzz.trace.annotations import WHOLE, annotate, rows
+
+VOCAB = 128
+
+
+def register_annotations() -> None:
+    annotate(
+        "attention_kv_indices",
+        reads={
+            "req_to_token": rows("req_to_token", "req_pool_indices", lengths="seq_lens"),
+            "req_pool_indices": WHOLE,
+            "seq_lens": WHOLE,
+        },
+        writes={"kv_indices": WHOLE},
+    )
+
+
+def _kv_indices(req_to_token: Any, req_pool_indices: Any, seq_lens: Any, kv_indices: Any, max_len: int) -> None:
+    """The read, as a masked rectangle gather (no host read of the lengths): `kv_indices[i, :L_i]`."""
+    import torch
+
+    rect = req_to_token[req_pool_indices.long(), :max_len]
+    mask = torch.arange(max_len, device=rect.device)[None, :] < seq_lens.long()[:, None]
+    kv_indices.copy_(torch.where(mask, rect, torch.zeros_like(rect)))
+
+
+class _Strict:
+    """An object whose missing attribute is an error naming it (what the fake lacks, said plainly)."""
+
+    _what = "object"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"the harness's fake {self._what} has no {name!r} (sglang's code asked for it)")
+
+
+class FakeModelConfig:
+    """The HF-derived model config: the fields the scheduler reads for a plain decoder; any other field is
+    None (a feature that is off), and is listed in `asked` for the report."""
+
+    asked: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        FakeModelConfig.asked.add(name)
+        return None
+
+    def __init__(self, context_len: int) -> None:
+        self.context_len = context_len
+        self.vocab_size = VOCAB
+        self.is_generation = True
+        self.is_multimodal = False
+        self.is_multimodal_gen = False
+        self.is_image_gen = False
+        self.is_audio_model = False
+        self.is_encoder_decoder = False
+        self.is_hybrid_swa = False
+        self.hf_eos_token_id = None
+        self.hf_config = SimpleNamespace(architectures=["FakeForCausalLM"], model_type="fake")
+        self.hf_text_config = self.hf_config
+        self.num_attention_heads = 1
+        self.num_key_value_heads = 1
+        self.head_dim = 8
+        self.num_hidden_layers = 1
+        self.attention_arch = None
+        self.think_end_ids = None
+        self.self_opened_think_start_ids = None
+        self.dtype = None
+        self.model_path = "dummy"
+
+
+def fake_model_config(sgl: Any, context_len: int) -> FakeModelConfig:
+    return FakeModelConfig(context_len)
+
+
+class FakeModelRunner:
+    """`ModelRunner`'s fields the loop reads; any other is None (a feature that is off), listed in `asked`."""
+
+    asked: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        FakeModelRunner.asked.add(name)
+        return None
+
+    def __init__(self, worker: FakeTpWorker, forward_stream: Any) -> None:
+        self.forward_stream = forward_stream
+        self.device = worker.device
+        self.req_to_token_pool = worker.req_to_token_pool
+        self.token_to_kv_pool_allocator = worker.token_to_kv_pool_allocator
+        self.token_to_kv_pool = SimpleNamespace(post_capture_active=False)
+        self.attn_backend = SimpleNamespace()
+        self.canary_manager = None
+        self.shared_read_done_event = None
+        self.war_fastpath_read_done_event = None
+        self.spec_algorithm = worker.spec_algorithm
+        self.is_hybrid_swa = False
+        self.model_config = worker.model_config
+        self.server_args = worker.server_args
+        self.max_running_requests = worker.max_running_requests
+        self.model = _empty_module()
+        self.ngram_embedding_manager = _ngram_embedding_manager(self)
+
+    def prewarm_sampling(self) -> None:
+        pass
+
+
+def _empty_module() -> Any:
+    import torch
+
+    return torch.nn.Module()
+
+
+def _ngram_embedding_manager(runner: FakeModelRunner) -> Any:
+    """sglang's own manager, built as `ModelRunner.init_ngram_embedding_manager` does (off for this model:
+    a pass-through); None in versions without it."""
+    try:
+        from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import NgramEmbeddingManager
+    except ImportError:
+        return None
+    return NgramEmbeddingManager.from_model(
+        model=runner.model,
+        model_config=runner.model_config,
+        req_to_token_pool=runner.req_to_token_pool,
+        max_running_requests=runner.max_running_requests,
+        device=runner.device,
+    )
+
+
+class FakeTpWorker(_Strict):
+    """`TpModelWorker`'s interface over sglang's real pools and a fake forward (see the module doc)."""
+
+    _what = "model worker"
+
+    def __init__(
+        self,
+        sgl: Any,
+        adapter: Any,
+        scheduler: Any,
+        env: Any,
+        context_len: int,
+        pool_rows: int,
+        kv_tokens: int,
+        publish_read_done: bool = False,
+    ) -> None:
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        register_annotations()
+        self.env = env
+        self.adapter = adapter
+        self.device = "cpu"
+        self.server_args = sgl.server_args
+        self.model_config = scheduler.model_config
+        self.spec_algorithm = scheduler.spec_algorithm
+        self.context_len = context_len
+        self.publish_read_done = publish_read_done
+        self.forwards = 0
+        self.req_to_token_pool = ReqToTokenPool(pool_rows, context_len, self.device, False)
+        env.name(self.req_to_token_pool.req_to_token, "req_to_token")
+        self.token_to_kv_pool_allocator = adapter.make_allocator(kv_tokens, self.device)
+        self.forward_stream = sgl.device_module.Stream()
+        self.page_size = 1
+        self.max_total_num_tokens = kv_tokens
+        self.max_running_requests = pool_rows
+        self.model_runner = FakeModelRunner(self, self.forward_stream)
+        self.weight_load_time = 0.0
+        self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
+
+    # -- what the scheduler's init reads --------------------------------------------------------------
+    def get_worker_info(self) -> tuple[Any, ...]:
+        max_req_len = self.context_len - 1
+        return (
+            self.max_total_num_tokens,
+            self.max_total_num_tokens,  # max_prefill_tokens
+            self.max_running_requests,
+            1024,  # max_queued_requests
+            max_req_len,
+            max_req_len - 5,
+            0,  # random_seed
+            self.device,
+            self.forward_stream,
+            None,
+            None,
+            None,
+        )
+
+    def kv_cache_result(self) -> Any:
+        return self.adapter.kv_cache_result(self)
+
+    def get_pad_input_ids_func(self) -> None:
+        return None
+
+    def get_memory_pool(self) -> tuple[Any, Any]:
+        return self.req_to_token_pool, self.token_to_kv_pool_allocator
+
+    def get_tp_group(self) -> Any:
+        from unittest import mock
+
+        return mock.MagicMock(name="tp_group")
+
+    @property
+    def last_shared_read_runner(self) -> FakeModelRunner:
+        return self.model_runner
+
+    @property
+    def war_fastpath_runner(self) -> FakeModelRunner:
+        return self.model_runner
+
+    # -- the forward -------------------------------------------------------------------------------------
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """The fake forward of `batch` (a `ScheduleBatch` or `ModelWorkerBatch`) on the current stream."""
+        import torch
+
+        from racefuzz.trace.capture import launch_kernel
+
+        self.forwards += 1
+        req_to_token = self.req_to_token_pool.req_to_token
+        req_pool_indices = batch.req_pool_indices
+        seq_lens = batch.seq_lens
+        bs = int(req_pool_indices.shape[0])
+        max_len = self.context_len
+        kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
+        launch_kernel(
+            "attention_kv_indices",
+            _kv_indices,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            kv_indices=kv_indices,
+            max_len=max_len,
+        )
+        if self.publish_read_done:
+            read_done = self.env.event()
+            read_done.record()
+            setattr(self.model_runner, self.adapter.read_done_slot[1], read_done)
+        # The model: a function of the KV locations read and the positions (no host read-back).
+        hidden = (kv_indices.to(torch.int64).sum(dim=1) * 31 + seq_lens.to(torch.int64) * 7) % VOCAB
+        logits = torch.zeros((bs, VOCAB), dtype=torch.float32, device=hidden.device)
+        logits.scatter_(1, hidden[:, None], 1.0)  # not F.one_hot: it reads the maximum back to the host
+        next_token_ids = torch.argmax(logits, dim=-1)
+        return self.adapter.make_result(logits, next_token_ids)

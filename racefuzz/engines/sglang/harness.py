@@ -1,0 +1,141 @@
+"""The harness's subprocess: load one sglang version's sources, run its real overlap loop on a workload
+under `racefuzz.trace` (CPU, happens-before), with the WAR barrier as the version has it and, as the
+negative control, with it off; print one JSON object.
+
+    python -m racefuzz.engines.sglang.harness --python-dir DIR [--workload JSON] [--no-control]
+
+One version per process: sglang's modules are imported by their own names, and two versions cannot share
+a process. Stubs for the server's dependencies are installed first (`stubs.install`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+
+def _short(source: str) -> str:
+    """`file:line (function)` with the file shortened to its path from `sglang/` (or `racefuzz/`)."""
+    for marker in (f"{os.sep}racefuzz{os.sep}engines{os.sep}", f"{os.sep}sglang{os.sep}"):
+        at = source.find(marker)
+        if at >= 0:
+            return source[at + 1 :]
+    return source
+
+
+def race_json(race: Any) -> dict[str, Any]:
+    a, b = race.first, race.second
+    return {
+        "kind": race.race.kind,
+        "first": {"kernel": a.kernel, "stream": a.stream, "source": _short(a.source)},
+        "second": {"kernel": b.kernel, "stream": b.stream, "source": _short(b.source)},
+        "bytes": list(race.where),
+        "missing_edge": race.race.missing_edge(),
+    }
+
+
+def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any) -> dict[str, Any]:
+    from racefuzz.engines.sglang import scheduler as harness_scheduler
+    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.search import run_once
+
+    holder: dict[str, Any] = {}
+    start_profile, stop_profile = harness_scheduler.profile_functions(python_dir)
+
+    def step(env: Any) -> None:
+        start_profile()
+        try:
+            holder["run"] = harness_scheduler.build_and_run(env, sgl, adapter, workload, barrier)
+        finally:
+            holder["functions"] = stop_profile()
+
+    began = time.perf_counter()
+    record = run_once(step, "cpu")
+    races = find_trace_races(record.trace)
+    run = holder["run"]
+    from racefuzz.engines.sglang.fake_model import FakeModelConfig, FakeModelRunner
+
+    return {
+        "defaulted_to_none": sorted(
+            [f"model_config.{n}" for n in FakeModelConfig.asked] + [f"model_runner.{n}" for n in FakeModelRunner.asked]
+        ),
+        "barrier": barrier,
+        "iterations": run.iterations,
+        "launches": len(record.launch_ops),
+        "races": [race_json(r) for r in races],
+        "sglang_functions": sorted(holder["functions"]),
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="racefuzz.engines.sglang.harness")
+    parser.add_argument("--python-dir", required=True)
+    parser.add_argument("--workload", help="a Workload as JSON (default: the fixed one)")
+    parser.add_argument("--no-control", action="store_true")
+    parser.add_argument("--traceback", action="store_true")
+    parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
+    args = parser.parse_args(argv)
+    out: dict[str, Any] = {"python_dir": args.python_dir}
+    began = time.perf_counter()
+    try:
+        from racefuzz.engines.sglang import stubs
+        from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
+        from racefuzz.engines.sglang.workload import FIXED, Workload
+
+        workload = Workload.from_json(json.loads(args.workload)) if args.workload else FIXED
+        out["workload"] = workload.describe()
+        out["stubbed"] = stubs.install()
+        sys.path.insert(0, args.python_dir)
+        os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
+        version = _version(args.python_dir)
+        if version == "unknown" and args.sglang_version:
+            version = args.sglang_version
+        out["version"] = version
+        adapter = adapter_for(version)
+        out["adapter"] = adapter.name
+        import_began = time.perf_counter()
+        adapter.check(None)
+        out["import_seconds"] = round(time.perf_counter() - import_began, 3)
+        sgl = SimpleNamespace(server_args=adapter.server_args(None), device_module=None)
+        from racefuzz.engines.sglang.scheduler import CONTEXT_LEN  # noqa: F401
+
+        out["runs"] = [run_version(args.python_dir, workload, True, sgl, adapter)]
+        if not args.no_control:
+            out["runs"].append(run_version(args.python_dir, workload, False, sgl, adapter))
+        out["status"] = "ok"
+    except Unsupported as exc:
+        out["status"] = "unsupported"
+        out["error"] = str(exc)
+    except Exception as exc:  # reported as one line by the parent; the traceback with --traceback
+        out["status"] = "error"
+        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        if args.traceback:
+            out["traceback"] = traceback.format_exc()
+    out["seconds"] = round(time.perf_counter() - began, 3)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    return 0
+
+
+def _version(python_dir: str) -> str:
+    """The sources' version: `sglang/_version.py` (a wheel's, generated at build), else `unknown` (a
+    checkout: the parent passes `--sglang-version`)."""
+    import re
+
+    try:
+        with open(os.path.join(python_dir, "sglang", "_version.py")) as file:
+            text = file.read()
+    except OSError:
+        return "unknown"
+    found = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", text, re.M)
+    return found.group(1) if found else "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Building sglang's own `Scheduler` on the CPU around a fake model, and driving its real event loop.
+
+The scheduler is made by sglang's own `Scheduler.__init__`, with only the init steps that need a model,
+a tokenizer, sockets or a distributed runtime replaced (`HarnessScheduler`'s overrides, one line each
+below saying why). Everything the overlap loop runs afterwards is sglang's code: `run_event_loop` (which
+computes `_war_barrier_enabled` with the version's own expression), `event_loop_overlap`,
+`get_next_batch_to_run` with its `PrefillAdder`, `ScheduleBatch.init_new` / `prepare_for_extend` /
+`prepare_for_decode` and their allocation into the real `ReqToTokenPool`, `run_batch` with the real
+`FutureMap` and `resolve_forward_inputs`, `_apply_war_barrier`, the copy stream and `copy_done`, and the
+result processing (`process_batch_result_prefill` -> the real, enabled `RadixCache` rewriting a row's
+prefix; `release_kv_cache` freeing rows that the next prefill reuses).
+
+Faked: the model worker (`fake_model.FakeTpWorker`), the request source (`WorkloadReceiver`: requests go
+into the scheduler's own `_add_request_to_queue` instead of arriving over ZeroMQ, and it stops the loop
+when the workload is done), IPC, the tokenizer and the detokenizer's output (mocks that record nothing),
+the HF model config (`fake_model.fake_model_config`), and the process groups (mocks: world size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+from racefuzz.engines.sglang.adapters import Adapter
+from racefuzz.engines.sglang.fake_model import FakeTpWorker, fake_model_config
+from racefuzz.engines.sglang.workload import Request, Workload
+
+CONTEXT_LEN = 256
+POOL_ROWS = 8
+KV_TOKENS = 2048
+
+
+@dataclass
+class LoopRun:
+    """What one run of the loop did: iterations, the sglang functions entered, the requests finished."""
+
+    iterations: int = 0
+    finished: list[str] = field(default_factory=list)
+    functions: set[str] = field(default_factory=set)
+
+
+class WorkloadReceiver:
+    """Hands `workload`'s requests to the scheduler at their arrival iterations, as the tokenizer manager's
+    messages (`TokenizedGenerateReqInput`, through sglang's own `process_input_requests`), and sets the
+    loop's own exit flag `gracefully_exit` once nothing is waiting, running or in flight (or the
+    iteration budget is spent)."""
+
+    def __init__(self, scheduler: Any, adapter: Adapter, workload: Workload, run: LoopRun) -> None:
+        self.scheduler = scheduler
+        self.adapter = adapter
+        self.workload = workload
+        self.run = run
+        self.pending = sorted(workload.requests, key=lambda r: r.arrival)
+
+    def idle(self) -> bool:
+        s = self.scheduler
+        running = getattr(s, "running_batch", None)
+        return (
+            not self.pending
+            and not s.waiting_queue
+            and (running is None or running.is_empty())
+            and getattr(s, "last_batch", None) is None
+            and not getattr(s, "result_queue", ())
+            and getattr(s, "chunked_req", None) is None
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        run = self.run
+        iteration = run.iterations
+        run.iterations += 1
+        arrived = []
+        while self.pending and self.pending[0].arrival <= iteration:
+            arrived.append(self.adapter.make_input(self.scheduler, self.pending.pop(0)))
+        if not arrived and (self.idle() or iteration >= self.workload.max_iterations):
+            self.scheduler.gracefully_exit = True
+        return arrived
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def build_and_run(env: Any, sgl: Any, adapter: Adapter, workload: Workload, barrier: bool) -> LoopRun:
+    """Build a `Scheduler` with sglang's `__init__` (heavy steps replaced), run its `run_event_loop` on
+    `workload` under the trace env, and return what ran. `barrier` False sets `SGLANG_ENABLE_WAR_BARRIER`
+    off, which the version's own `_war_barrier_enabled` expression reads (on the CPU `is_cuda()` is False):
+    the negative control."""
+    run = LoopRun()
+    os.environ["SGLANG_ENABLE_WAR_BARRIER"] = "1" if barrier else "0"
+    from racefuzz.engines.sglang.device import DeviceModule, installed
+
+    # Streams in the order sglang's init makes them: the worker's forward stream, init_model_worker's
+    # schedule stream, init_overlap's copy stream.
+    device_module = sgl.device_module = DeviceModule(env, ["forward_stream", "schedule_stream", "copy_stream"])
+    scheduler_cls = adapter.scheduler_class(sgl)
+
+    worker_holder: dict[str, Any] = {}
+
+    class HarnessScheduler(scheduler_cls):  # type: ignore[misc, valid-type]
+        def init_model_config(self) -> None:  # the HF config comes from a model directory: faked
+            self.model_config = fake_model_config(sgl, CONTEXT_LEN)
+            self.dllm_config = None
+
+        def init_metrics_collector(self, *args: Any, **kwargs: Any) -> None:  # Prometheus: mocked
+            self.metrics_collector = mock.MagicMock(name="metrics_collector")
+            self.metrics_collector_context = mock.MagicMock(name="metrics_collector_context")
+
+        def init_ipc_channels(self, *args: Any, **kwargs: Any) -> None:  # ZeroMQ sockets: mocked
+            self.ipc_channels = mock.MagicMock(name="ipc_channels")
+            self.recv_from_tokenizer = None
+            self.load_snapshot_writer = None
+            adapter.after_ipc(self)
+
+        def init_tokenizer(self) -> None:  # a tokenizer needs a model directory: none (skip_tokenizer_init)
+            self.is_generation = True
+            self.tokenizer = self.processor = None
+            self._mm_processor = None
+
+        def init_tp_model_worker(self) -> None:  # the model: the fake worker over sglang's real pools
+            worker = FakeTpWorker(sgl, adapter, self, env, CONTEXT_LEN, workload.pool_rows, KV_TOKENS)
+            worker_holder["worker"] = worker
+            self.tp_worker = worker
+
+        def init_memory_pools(self) -> None:  # the fake worker made the pools (sglang's classes)
+            pass
+
+        def init_all_attention_backends(self) -> None:  # no attention backend: the fake forward reads
+            pass
+
+        def init_all_cuda_graphs(self) -> None:  # no CUDA graphs on the CPU
+            pass
+
+        def init_startup_timing_summary(self, *args: Any, **kwargs: Any) -> None:  # a startup log line: skipped
+            pass
+
+        def init_profiler(self, *args: Any, **kwargs: Any) -> None:  # torch profiler: mocked
+            self.profiler_manager = mock.MagicMock(name="profiler_manager")
+            self.profiler_manager._profile_batch_predicate = _noop
+
+    receiver_holder: dict[str, WorkloadReceiver] = {}
+    with installed(device_module), adapter.patched_runtime(sgl, env, worker_holder):
+        scheduler = HarnessScheduler(*adapter.init_args(sgl))
+        receiver = WorkloadReceiver(scheduler, adapter, workload, run)
+        receiver_holder["r"] = receiver
+        adapter.install_receiver(scheduler, receiver)
+        # The engine's init ends with the device idle (its memory profiling, warmups and graph capture
+        # synchronize it): what init enqueued on the default stream is done before the loop starts.
+        env.synchronize()
+        scheduler.run_event_loop()
+    return run
+
+
+def sglang_functions(root: str, events: Sequence[tuple[str, str]]) -> set[str]:
+    """`file:function` of the sglang functions in `events` (from a profile hook) under `root`."""
+    return {f"{file}:{name}" for file, name in events if file.startswith(root)}
+
+
+def profile_functions(root: str) -> tuple[Callable[[], None], Callable[[], set[str]]]:
+    """A `sys.setprofile` hook collecting every sglang function called (start, stop -> the set)."""
+    import sys
+
+    seen: set[tuple[str, str]] = set()
+    prefix = os.path.join(root, "sglang") + os.sep
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith(prefix):
+                seen.add((code.co_filename[len(root) + 1 :], code.co_qualname if hasattr(code, "co_qualname") else code.co_name))
+
+    def start() -> None:
+        sys.setprofile(hook)
+
+    def stop() -> set[str]:
+        sys.setprofile(None)
+        return {f"{file}:{name}" for file, name in seen}
+
+    return start, stop
+
+
+__all__ = ["LoopRun", "Request", "WorkloadReceiver", "build_and_run"]

@@ -1,0 +1,322 @@
+"""Stub modules for the packages sglang imports but its overlap loop's sync path never calls.
+
+sglang's modules import the server's whole dependency set at module level (tokenizers, ZeroMQ, FastAPI,
+Triton, ...). The harness runs the scheduler's loop against a fake model on the CPU: none of those packages
+is *called* there. So, in the harness's own subprocess only, a meta-path finder answers every import of a
+stubbed top-level package with a `StubModule` whose attributes are `StubType` classes (subclassable,
+callable, decorators pass functions through). A stub that is *called* in a way that matters raises
+`StubCalled` naming itself, so a version whose loop reaches a stubbed package fails loudly instead of
+silently doing nothing.
+
+Triton is special: `@triton.jit` kernels must not be launchable silently. `triton.jit(fn)` returns a
+`StubKernel` whose launch (`kernel[grid](...)`) raises `StubCalled` with the kernel's name; the harness
+configures sglang so that its sync path takes the torch branches (see `scheduler.py`).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+STUBBED = (
+    "triton",
+    "torchvision",
+    "transformers",
+    "tokenizers",
+    "zmq",
+    "msgspec",
+    "aiohttp",
+    "starlette",
+    "fastapi",
+    "uvicorn",
+    "uvloop",
+    "huggingface_hub",
+    "setproctitle",
+    "tvm_ffi",
+    "sentencepiece",
+    "compressed_tensors",
+    "gguf",
+    "openai",
+    "partial_json_parser",
+    "einops",
+    "dill",
+    "pybase64",
+    "psutil",
+    "orjson",
+    "xgrammar",
+    "outlines",
+    "llguidance",
+    "flashinfer",
+    "sgl_kernel",
+    "safetensors",
+    "tiktoken",
+    "interegular",
+    "blobfile",
+    "sglang_router",
+    "torchao",
+    "prometheus_client",
+    "decord",
+    "soundfile",
+    "pynvml",
+    "cuda",
+    "modelscope",
+    "hf_transfer",
+    "datasets",
+    "timm",
+    "cv2",
+    "av",
+    "python_multipart",
+    "multipart",
+    "ipdb",
+    "mooncake",
+    "nixl",
+    "deep_gemm",
+    "deep_ep",
+    "flash_attn",
+    "vllm",
+    "kernels",
+    "watchfiles",
+    "anthropic",
+    "accelerate",
+    "peft",
+    "quack",
+    "apache_tvm_ffi",
+    "mlx",
+    "triton_kernels",
+    "ray",
+    "aiofiles",
+    "websockets",
+    "wandb",
+    "nvtx",
+    "cuda_python",
+    "torch_memory_saver",
+    "pydantic_settings",
+)
+"""Top-level packages the harness stubs when they are not importable (a real installed one wins, except
+Triton on the CPU: see `install`)."""
+
+
+class StubCalled(RuntimeError):
+    """A stubbed package was used in a way the harness cannot fake: its code is on the path being run."""
+
+
+_DUNDERS_SERVED = frozenset({"__class_validators__"})
+"""The only dunder names a stub answers (sglang patches transformers' validators at import); Python, torch
+and pydantic probe objects for the others, and a stub must not claim any of those protocols."""
+
+
+def _refused(name: str) -> bool:
+    return (name.startswith("__") and name not in _DUNDERS_SERVED) or name.startswith("_abc")
+
+
+class _StubMeta(type):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.__module__ == "stub" and cls.__qualname__.startswith(("triton.runtime.", "triton.testing.")) and not (
+            len(args) == 1 and not kwargs and callable(args[0])
+        ):
+            raise StubCalled(f"{cls.__qualname__} was called, and Triton is stubbed on the CPU harness")
+        return super().__call__(*args, **kwargs)
+
+    def __getattr__(cls, name: str) -> Any:
+        if _refused(name):
+            raise AttributeError(name)
+        child = _stub_type(f"{cls.__qualname__}.{name}")
+        setattr(cls, name, child)
+        return child
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+    def __setitem__(cls, item: Any, value: Any) -> None:
+        pass
+
+    def __contains__(cls, item: Any) -> bool:
+        return False
+
+    def __or__(cls, other: Any) -> Any:
+        return cls
+
+    def __ror__(cls, other: Any) -> Any:
+        return cls
+
+    def __iter__(cls) -> Any:
+        return iter(())
+
+    def __len__(cls) -> int:
+        return 0
+
+    def __bool__(cls) -> bool:
+        return False
+
+
+class StubType(metaclass=_StubMeta):
+    """A stubbed name: a class (so it can be subclassed, used in isinstance and annotations); calling it
+    with one function or class returns that object (decorators), anything else makes an instance."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and (callable(args[0]) and hasattr(args[0], "__name__")):
+            return args[0]
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        pass
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.any_schema()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]) and hasattr(args[0], "__name__"):
+            return args[0]
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if _refused(name):
+            raise AttributeError(name)
+        return getattr(type(self), name)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self if not isinstance(item, slice) else []
+
+    def __setitem__(self, item: Any, value: Any) -> None:
+        pass
+
+    def __contains__(self, item: Any) -> bool:
+        return False
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _stub_type(qualname: str) -> type:
+    stub = _StubMeta(qualname.rsplit(".", 1)[-1], (StubType,), {"__qualname__": qualname, "__module__": "stub"})
+    return stub
+
+
+class StubKernel:
+    """`triton.jit(fn)` in a stubbed Triton: launching it raises `StubCalled` naming the kernel."""
+
+    def __init__(self, fn: Any = None, **kwargs: Any) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            raise StubCalled(
+                f"the Triton kernel {self.__name__} was launched, and Triton is stubbed on the CPU harness "
+                "(install triton, or keep this kernel off the harness's path)"
+            )
+
+        return launch
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return StubKernel(args[0])
+        raise StubCalled(f"the Triton function {self.__name__} was called outside a kernel")
+
+
+def _triton_decorator(*args: Any, **kwargs: Any) -> Any:
+    if len(args) == 1 and not kwargs and callable(args[0]):
+        return StubKernel(args[0])
+    return lambda fn: StubKernel(fn)
+
+
+class StubModule(types.ModuleType):
+    """A stubbed module: every attribute is a `StubType` (or a stubbed submodule, when imported as one)."""
+
+    __path__: list[str]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        if self.__name__.split(".")[0] == "triton" and name in ("jit", "autotune", "heuristics"):
+            value: Any = _triton_decorator
+        elif self.__name__.split(".")[0] == "triton" and name == "cdiv":
+            value = lambda a, b: -(-a // b)  # noqa: E731
+        elif self.__name__.split(".")[0] == "triton" and name == "next_power_of_2":
+            value = lambda n: 1 << max(0, int(n) - 1).bit_length()  # noqa: E731
+        else:
+            value = _stub_type(f"{self.__name__}.{name}")
+        setattr(self, name, value)
+        return value
+
+
+class _StubLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = StubModule(spec.name)
+        module.__path__ = []
+        module.__file__ = f"<racefuzz stub {spec.name}>"
+        if spec.name == "triton":
+            module.__version__ = "3.5.0"
+        else:
+            module.__version__ = "99.0.0"
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class StubFinder(importlib.abc.MetaPathFinder):
+    """Answers imports of the stubbed top-level packages (and everything under them) with stub modules."""
+
+    def __init__(self, roots: Iterable[str]) -> None:
+        self.roots = frozenset(roots)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in self.roots:
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        return None
+
+
+def _settle_torch_before_triton_stub() -> None:
+    """Let torch decide "no Triton" before the stub exists: torch probes for Triton (cached) and its
+    inductor modules check a real Triton's types at import; imported first, they see none."""
+    import torch
+    import torch.utils._triton as torch_triton
+
+    torch_triton.has_triton_package()
+    torch_triton.has_triton()
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    del torch
+
+
+def install(force: Iterable[str] = ("triton",)) -> list[str]:
+    """Put a `StubFinder` first on `sys.meta_path` for every package of `STUBBED` that is not importable,
+    and for those in `force` even when it is; returns the stubbed names (sorted). Call it in the harness's
+    subprocess only: it changes imports for the whole process."""
+    _settle_torch_before_triton_stub()
+    roots = []
+    for name in STUBBED:
+        if name in force:
+            roots.append(name)
+            continue
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            roots.append(name)
+    for name in list(sys.modules):
+        if name.split(".")[0] in force:
+            del sys.modules[name]
+    sys.meta_path.insert(0, StubFinder(roots))
+    return sorted(roots)
