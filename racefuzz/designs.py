@@ -46,6 +46,13 @@ class Design:
     scenario: Scenario
 
 
+def label(design: Design) -> str:
+    """How reports and messages name a design: as the user named it (a built-in's name, or the
+    `module:attr` / `path/to/file.py:attr` given), so that a report's header, the run's first line and its
+    last line name it alike, and each can be pasted back into `--design`."""
+    return design.spec
+
+
 def describe(obj: object) -> str:
     """The first line of a design's `description` (or docstring)."""
     doc = getattr(obj, "description", None) or (getattr(obj, "__doc__", None) or "").strip()
@@ -90,7 +97,7 @@ def load_design(spec: str, scenario: Scenario | str | None = None) -> Design:
     if spec.startswith("mutant-") and spec in home.mutants():
         obj = home.mutants()[spec]
         return Design(spec, describe(obj), spec, obj, home)
-    file_path, module_name, attr = _split_spec(spec)
+    file_path, module_name, attr = split_spec(spec)
     if file_path is None and ":" not in spec and "." not in spec:
         close = difflib.get_close_matches(spec, [*builtin, *home.mutants()], n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -117,8 +124,8 @@ def load_design(spec: str, scenario: Scenario | str | None = None) -> Design:
     return Design(str(obj.name), describe(obj), spec, hooks, owner)  # type: ignore[attr-defined]
 
 
-def _split_spec(spec: str) -> tuple[Path | None, str, str]:
-    """(file path or None, module name, attribute) of a user's design spec."""
+def split_spec(spec: str) -> tuple[Path | None, str, str]:
+    """(file path or None, module name, attribute) of a user's design (or traced step) spec."""
     left, colon, attr = spec.rpartition(":")
     if not colon:
         left, attr = spec, ""
@@ -128,7 +135,8 @@ def _split_spec(spec: str) -> tuple[Path | None, str, str]:
     return None, module_name, attr
 
 
-def _working_directory_on_path() -> str:
+def working_directory_on_path() -> str:
+    """Put the working directory on the import path (if nothing there stands for it yet); returns it."""
     # The console script does not put the working directory on the import path (`python -m` does): a design
     # beside the user (`racefuzz run --design mypkg.sync:design`, or a file importing `mypkg`) must import
     # as it does in their tests.
@@ -138,34 +146,41 @@ def _working_directory_on_path() -> str:
     return cwd
 
 
-def _import_module(module_name: str):
-    cwd = _working_directory_on_path()
+def import_user_file(path: Path, spec: str, kind: str = "design"):
+    """The user's module in the file `path`, for the `kind` ("design", "step") `spec` names: a file that is
+    not there is an `InvalidArgument`; one that raises -- or calls sys.exit -- while it is imported is a
+    `UserCodeError` naming the user's frame."""
+    return _import_file(path, spec, kind)
+
+
+def _import_module(module_name: str, kind: str = "design"):
+    cwd = working_directory_on_path()
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
         if exc.name is not None and module_name.startswith(exc.name):  # the design's own module is missing
             raise InvalidArgument(
-                f"cannot import design module {module_name!r}: {exc} (searched from {cwd}; a file path such as "
-                "path/to/sync.py:design works too)"
+                f"cannot import {kind} module {module_name!r}: {exc} (searched from {cwd}; a file path such as "
+                f"path/to/{'sync' if kind == 'design' else 'steps'}.py:{kind} works too)"
             ) from None
         raise UserCodeError(
-            f"importing design module {module_name!r} failed: {type(exc).__name__}: {exc}{_user_frame(exc)}",
+            f"importing {kind} module {module_name!r} failed: {type(exc).__name__}: {exc}{user_frame(exc)}",
             traceback.format_exc(),
         ) from None
-    except Exception as exc:  # the user's module raised while importing
+    except (Exception, SystemExit) as exc:  # the user's module raised (or called sys.exit) while importing
         raise UserCodeError(
-            f"importing design module {module_name!r} failed: {type(exc).__name__}: {_one_line(exc)}{_user_frame(exc)}",
+            f"importing {kind} module {module_name!r} failed: {type(exc).__name__}: {one_line(exc)}{user_frame(exc)}",
             traceback.format_exc(),
         ) from None
 
 
-def _import_file(path: Path, spec: str):
+def _import_file(path: Path, spec: str, kind: str = "design"):
     if not path.is_file():
-        raise InvalidArgument(f"design {spec!r}: no such file {str(path)!r}")
+        raise InvalidArgument(f"{kind} {spec!r}: no such file {str(path)!r}")
     if path.suffix != ".py":
-        raise InvalidArgument(f"design {spec!r}: {str(path)!r} is not a .py file")
+        raise InvalidArgument(f"{kind} {spec!r}: {str(path)!r} is not a .py file")
     resolved = path.resolve()
-    _working_directory_on_path()
+    working_directory_on_path()
     # One module per file, under a name that cannot clash with the user's packages.
     name = "racefuzz_design_" + "".join(c if c.isalnum() else "_" for c in str(resolved))
     if name in sys.modules:
@@ -176,20 +191,23 @@ def _import_file(path: Path, spec: str):
     sys.modules[name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is the user's error too, not an exit code
         del sys.modules[name]
         raise UserCodeError(
-            f"importing design file {str(path)!r} failed: {type(exc).__name__}: {_one_line(exc)}{_user_frame(exc)}",
+            f"importing {kind} file {str(path)!r} failed: {type(exc).__name__}: {one_line(exc)}{user_frame(exc)}",
             traceback.format_exc(),
         ) from None
     return module
 
 
-def _one_line(exc: BaseException) -> str:
-    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+def one_line(exc: BaseException) -> str:
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, SystemExit):  # `sys.exit()` reads better than an empty message or a bare code
+        return f"sys.exit({exc.code!r}) was called" if text else "sys.exit() was called"
+    return text
 
 
-def _user_frame(exc: BaseException) -> str:
+def user_frame(exc: BaseException) -> str:
     """ " (at file:line in function)" for the innermost traceback frame outside racefuzz, else ""."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(PACKAGE_DIR)]
     frames = [f for f in frames if not f.filename.startswith("<frozen")]
@@ -252,7 +270,7 @@ def _guard(hook: Callable[..., object], name: str, spec: str, owner: GuardedHook
             return hook(*args, **kwargs)
         except UserCodeError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a hook must not become racefuzz's exit code
             error = _user_code_error(exc, hook, name, spec, args, kwargs)
             if owner.first_error is None:
                 owner.first_error = error
@@ -264,23 +282,23 @@ def _guard(hook: Callable[..., object], name: str, spec: str, owner: GuardedHook
 
 
 def _user_code_error(
-    exc: Exception, hook: Callable[..., object], name: str, spec: str, args: tuple, kwargs: dict
+    exc: BaseException, hook: Callable[..., object], name: str, spec: str, args: tuple, kwargs: dict
 ) -> UserCodeError:
     """The one-line error for `exc`, raised by the hook `name` or by calling it (a wrong signature)."""
     details = "".join(traceback.format_exception(exc))
-    where = _user_frame(exc)
+    where = user_frame(exc)
     if isinstance(exc, TypeError) and not where:
         try:
             inspect.signature(hook).bind(*args, **kwargs)
         except TypeError:  # the call itself failed: the hook's signature is wrong
             return UserCodeError(
                 f"design {spec}: hook {name} cannot be called with {len(args)} argument(s): "
-                f"{_one_line(exc)}{_defined_at(hook)}",
+                f"{one_line(exc)}{_defined_at(hook)}",
                 details,
             )
         except ValueError:  # no signature to check (a builtin)
             pass
     return UserCodeError(
-        f"design {spec}: hook {name} raised {type(exc).__name__}: {_one_line(exc)}{where or _defined_at(hook)}",
+        f"design {spec}: hook {name} raised {type(exc).__name__}: {one_line(exc)}{where or _defined_at(hook)}",
         details,
     )

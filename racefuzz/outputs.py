@@ -32,7 +32,21 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_output_dir(path: str | os.PathLike[str], option: str) -> Path:
     """`path` as a Path if it is, or could be created as, a writable directory; else a one-line InvalidArgument."""
+    if not os.fspath(path):  # Path("") is the working directory: files would land there unasked
+        raise InvalidArgument(f"{option}: an empty path names no directory")
     path = Path(path)
+    try:
+        return _check_output_dir(path, option)
+    except OSError as exc:  # a name longer than the filesystem allows, a loop of symbolic links
+        raise InvalidArgument(f"{option} {_shortened(path)}: {exc.strerror or exc}") from None
+
+
+def _shortened(path: Path) -> str:
+    text = os.fspath(path)
+    return text if len(text) <= 80 else f"{text[:40]}...{text[-30:]} ({len(text)} characters)"
+
+
+def _check_output_dir(path: Path, option: str) -> Path:
     if path.exists():
         if not path.is_dir():
             raise InvalidArgument(f"{option} {path}: exists and is not a directory")
@@ -51,7 +65,13 @@ def check_output_file(path: str | os.PathLike[str], option: str) -> Path:
     """`path` as a Path if a file can be written there (its directory is created on writing)."""
     text = os.fspath(path)
     path = Path(path)
-    if text.endswith(("/", os.sep)) or path.is_dir():
+    try:
+        exists_as = "directory" if path.is_dir() else "file" if path.is_file() else "other" if path.exists() else None
+    except OSError as exc:  # a name longer than the filesystem allows
+        raise InvalidArgument(f"{option} {_shortened(path)}: {exc.strerror or exc}") from None
+    if exists_as == "other":  # /dev/full, a FIFO: a write there fails or blocks, after the work
+        raise InvalidArgument(f"{option} {path}: not a regular file (racefuzz writes a file there)")
+    if text.endswith(("/", os.sep)) or exists_as == "directory":
         raise InvalidArgument(f"{option} {path}: is a directory, not a file")
     if path.exists() and not os.access(path, os.W_OK):
         raise InvalidArgument(f"{option} {path}: file is not writable")

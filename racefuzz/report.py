@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,34 +88,116 @@ class ReplayFile:
             scenario = get_scenario(spec)
         except InvalidArgument as exc:
             raise ReplayError(f"{source}: {exc}") from None
-        try:
-            return cls(
-                design=str(data["design"]),
-                backend=str(data["backend"]),
-                seed=int(data["seed"]),
-                workload=scenario.workload_from_json(data["workload"]),
-                schedule=Schedule.from_json(data["schedule"]),
-                oracle=str(data["oracle"]),
-                racefuzz_version=str(data.get("racefuzz", "?")),
-                scenario=scenario,
+        for name in ("workload", "schedule"):
+            if name not in data:
+                raise ReplayError(f'{source}: missing field "{name}"')
+        if not isinstance(data.get("racefuzz"), str):
+            raise ReplayError(
+                f'{source}: "racefuzz" must be the version string that wrote it, got {data.get("racefuzz")!r}'
             )
+        try:
+            workload = scenario.workload_from_json(data["workload"])
+            schedule = Schedule.from_json(data["schedule"])
         except KeyError as exc:
             raise ReplayError(f"{source}: missing field {exc}") from None
         except (InvalidArgument, TypeError, ValueError) as exc:
             raise ReplayError(f"{source}: {exc}") from None
+        # Every field stated, none defaulted or coerced: JSON round-trips a workload and a schedule exactly.
+        check_round_trip(data["workload"], json.loads(json.dumps(workload.to_json())), f"{source}: workload")
+        check_round_trip(data["schedule"], json.loads(json.dumps(schedule.to_json())), f"{source}: schedule")
+        return cls(
+            design=str(data["design"]),
+            backend=str(data["backend"]),
+            seed=int(data["seed"]),
+            workload=workload,
+            schedule=schedule,
+            oracle=str(data["oracle"]),
+            racefuzz_version=data["racefuzz"],
+            scenario=scenario,
+        )
+
+
+MAX_REPLAY_BYTES = 4 * 1024 * 1024
+"""The largest replay file read: a search's counterexample is a few kB (256 requests of 256 accept lengths,
+the workload's limits, stay under 1 MB), and a bound read first keeps `/dev/zero` or a huge file from
+filling memory."""
+
+
+def read_json_file(path: str | os.PathLike[str], what: str = "replay file") -> object:
+    """The JSON value of the regular file `path`, read at most `MAX_REPLAY_BYTES`; a missing, unreadable,
+    non-regular (a device, a FIFO, a directory), oversized, non-UTF-8, malformed or too deeply nested file
+    is a one-line `ReplayError`."""
+    import stat
+
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ReplayError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ReplayError(f"cannot read {what} {path}: not a regular file")
+    if info.st_size > MAX_REPLAY_BYTES:
+        raise ReplayError(f"{path}: {info.st_size:,} bytes, more than a {what} holds (at most {MAX_REPLAY_BYTES:,})")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_REPLAY_BYTES + 1)  # the file may have grown since the stat
+    except OSError as exc:
+        raise ReplayError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_REPLAY_BYTES:
+        raise ReplayError(f"{path}: more than {MAX_REPLAY_BYTES:,} bytes, more than a {what} holds")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReplayError(f"{path}: not UTF-8 text (byte {exc.start}); a {what} is JSON") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReplayError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise ReplayError(f"{path}: malformed JSON (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ReplayError(f"{path}: malformed JSON ({exc})") from None
+
+
+def check_round_trip(given: object, read_back: object, where: str) -> None:
+    """Raise `ReplayError` unless `given` (a replay file's JSON) is exactly what racefuzz writes for the value
+    it was read as (`read_back`, that value's JSON): a missing field would otherwise take a default (a
+    request without `prompt_len` replays with 4 tokens, another workload than the one that raced)."""
+    if isinstance(read_back, dict) and isinstance(given, dict):
+        missing = [key for key in read_back if key not in given]
+        if missing:
+            names = ", ".join(f'"{key}"' for key in missing)
+            raise ReplayError(f"{where}: missing field(s) {names} (a replay file states every field)")
+        for key, value in read_back.items():
+            check_round_trip(given[key], value, f"{where}.{key}")
+        return
+    if isinstance(read_back, list) and isinstance(given, list) and len(read_back) == len(given):
+        for index, (item, back) in enumerate(zip(given, read_back, strict=True)):
+            check_round_trip(item, back, f"{where}[{index}]")
+        return
+    if type(given) is not type(read_back) and not (type(given) in (int, float) and type(read_back) in (int, float)):
+        raise ReplayError(f"{where}: expected a {type(read_back).__name__}, got {given!r}")
+    if given != read_back:
+        raise ReplayError(f"{where}: {given!r} does not read back as itself ({read_back!r})")
 
 
 def load_replay(path: str | os.PathLike[str]) -> ReplayFile:
-    """Read a replay file; any problem is a one-line `ReplayError`."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ReplayError(f"cannot read replay file {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReplayError(f"{path}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    return ReplayFile.from_json(data, str(path))
+    """Read a replay file; any problem is a one-line `ReplayError` (see `read_json_file`, `ReplayFile.from_json`)."""
+    return ReplayFile.from_json(read_json_file(path), str(path))
+
+
+MAX_STEM_CHARS = 80
+"""The longest design part of a report file's name: with the digest and suffixes far below the 255 bytes a
+file name may have, however long the design's path."""
+
+
+def file_stem(spec: str) -> str:
+    """A design spec as the start of a file name that `ls` shows: only letters, digits, `-`, `_` and `.`, no
+    leading dot (`../x/d.py:design` is `x_d.py.design`, not the hidden `.._.._x_d.py.design`), at most
+    MAX_STEM_CHARS characters (the end kept: the attribute and file name tell designs apart)."""
+    text = spec.replace(":", ".")
+    text = re.sub(r"[^A-Za-z0-9._-]", "_", text)
+    stem = "_".join(part for part in text.split("_") if part.strip(".")).lstrip(".-")
+    return stem[-MAX_STEM_CHARS:].lstrip("._-") or "design"
 
 
 def write_replay(replay: ReplayFile, report_dir: str | os.PathLike[str]) -> Path:
@@ -123,7 +206,7 @@ def write_replay(replay: ReplayFile, report_dir: str | os.PathLike[str]) -> Path
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
     directory = Path(report_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{replay.design.replace(':', '.').replace('/', '_')}-{digest}.json"
+    path = directory / f"{file_stem(replay.design)}-{digest}.json"
     path.write_text(text)
     return path
 
@@ -265,6 +348,7 @@ def save_counterexample(
     fail), then the text report, then the timeline. Returns the replay path, the report and the timeline
     files."""
     from racefuzz import __version__
+    from racefuzz.designs import label
     from racefuzz.timeline import write_timeline
 
     outcome, design = result.counterexample, result.design
@@ -280,7 +364,7 @@ def save_counterexample(
         design.scenario,
     )
     path = write_replay(replay, report_dir)
-    text = render(outcome, design=design.spec, backend=result.backend, replay_path=path, scenario=design.scenario)
+    text = render(outcome, design=label(design), backend=result.backend, replay_path=path, scenario=design.scenario)
     path.with_suffix(".txt").write_text(text + "\n")
     race = primary_race(outcome)
     title = f"{design.name}: {race.kind} {race.first.kernel} -> {race.second.kernel}" if race else design.name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 
 def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
@@ -51,6 +52,13 @@ def finite_float(minimum: float, maximum: float, what: str) -> Callable[[str], f
     return parse
 
 
+def path(text: str) -> Path:
+    """An argparse type: a non-empty path (`Path("")` would be the working directory, unasked)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return Path(text)
+
+
 MAX_EXAMPLES = 10**8
 """The largest --examples (and --workloads) accepted: a bound, so that a typo is not a search for ever."""
 
@@ -58,5 +66,9 @@ examples = bounded_int(1, MAX_EXAMPLES, "a positive integer")
 repeat = bounded_int(1, 1000, "a positive integer")
 seed = bounded_int(0, 2**32 - 1, "a non-negative integer")
 max_delays = bounded_int(0, 64, "a non-negative integer")
+DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
+"""The per-example watchdog's default (`--example-timeout`, `--racefuzz-example-timeout`): far above any
+example's run (ms on the simulator, a GPU kernel compile on the first CUDA example takes seconds)."""
+
 microseconds = finite_float(0.0, 1e7, "microseconds (a finite number)")
 timeout = finite_float(0.1, 86400.0, "seconds")

@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from racefuzz.commands import argtypes
-from racefuzz.designs import load_design
+from racefuzz.designs import Design, load_design
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
-from racefuzz.outputs import check_output_file, fallback_dir, write_text
+from racefuzz.outputs import DEFAULT_REPORT_DIR, check_output_dir, check_output_file, fallback_dir, write_text
+from racefuzz.progress import LINE_EVERY_S
 
 if TYPE_CHECKING:
     from racefuzz.prove import Proof
@@ -69,7 +72,14 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help=f"iteration counts, each proved separately: N or A-B (default {DEFAULT_ITERATIONS})",
     )
     p.add_argument("--mutants", action="store_true", help="check instead that every killable mutant races in the bound")
-    p.add_argument("--json", type=Path, help="write the proofs here")
+    p.add_argument("--json", type=argtypes.path, help="write the proofs here")
+    p.add_argument(
+        "--report-dir",
+        type=argtypes.path,
+        default=Path(DEFAULT_REPORT_DIR),
+        help=f"where a racing workload's replay file goes (default {DEFAULT_REPORT_DIR}/; checked before the proof)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _bound(args: argparse.Namespace, **options: object) -> dict[str, object]:
@@ -91,6 +101,7 @@ def prove_command(args: argparse.Namespace) -> int:
 
     if args.json is not None:
         args.json = check_output_file(args.json, "--json")  # before the work, not after it
+    args.report_dir = check_output_dir(args.report_dir, "--report-dir")
     scenario = get_scenario()
     hazards = tuple(h for h in (args.hazards or ",".join(scenario.hazards)).split(",") if h)
     results: dict[str, object] = {"bound": _bound(args)}
@@ -103,8 +114,11 @@ def prove_command(args: argparse.Namespace) -> int:
             hazards = tuple(design.hooks.hazards)
         plan_stream = getattr(design.hooks, "plan_stream", None)
         options = {} if plan_stream is None else {"plan_stream": plan_stream}
-        proof = prove(design, hazards=hazards, **_bound(args, **options))  # type: ignore[arg-type]
-        control = prove(load_design(scenario.control_design), hazards=hazards, **_bound(args, **options))  # type: ignore[arg-type]
+        with _progress(args, design.name) as on_progress:
+            proof = prove(design, hazards=hazards, on_progress=on_progress, **_bound(args, **options))  # type: ignore[arg-type]
+        control_design = load_design(scenario.control_design)
+        with _progress(args, f"the negative control {control_design.name}") as on_progress:
+            control = prove(control_design, hazards=hazards, on_progress=on_progress, **_bound(args, **options))  # type: ignore[arg-type]
         results.update(design=proof.to_json(), control=control.to_json())
         _say(_line(proof))
         _say(f"negative control {scenario.control_design}: {control.racing:,} of {control.workloads:,} workloads race")
@@ -114,6 +128,8 @@ def prove_command(args: argparse.Namespace) -> int:
                 # describe() summarizes; the workload's JSON tells apart those it summarizes alike.
                 exact = json.dumps(c.workload.to_json(), separators=(",", ":"))
                 _say(f"  racing workload ({c.options}): {scenario.describe(c.workload)} {exact}: {c.what}")
+            replay_path = _save(design, proof.counterexamples[0].workload, args)
+            _say(f"  replay the first: racefuzz replay {replay_path}")
         elif not control.racing:
             _say("INCONCLUSIVE: the control races nowhere in this bound; the proof says nothing")
             code = ExitCode.INCONCLUSIVE
@@ -128,6 +144,56 @@ def prove_command(args: argparse.Namespace) -> int:
             write_text(kept, text)
             _say(f"racefuzz: could not write --json {args.json} ({exc.strerror}); written to {kept} instead")
     return code
+
+
+@contextmanager
+def _progress(args: argparse.Namespace, label: str) -> Iterator[Callable[[int], None] | None]:
+    """A progress callback for `prove` (workloads judged so far): a line on stderr at most every
+    `LINE_EVERY_S` seconds, so that a proof of minutes is not silent; None with --quiet."""
+    if args.quiet:
+        yield None
+        return
+    started = time.monotonic()
+    next_line = started + LINE_EVERY_S
+    print(
+        f"racefuzz: proving {label}: every workload of up to {args.max_bytes} bytes below {args.alphabet}, "
+        f"iterations {args.iterations[0]}-{args.iterations[-1]}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def line(judged: int) -> None:
+        nonlocal next_line
+        now = time.monotonic()
+        if now >= next_line:
+            next_line = now + LINE_EVERY_S
+            print(
+                f"racefuzz: proving {label}: {judged:,} workloads judged, {now - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    yield line
+
+
+def _save(design: Design, workload: object, args: argparse.Namespace) -> Path:
+    """A racing workload's replay file (no delays: happens-before races under every schedule), as `racefuzz
+    run` writes a counterexample's; to a temporary directory if --report-dir cannot be written after all."""
+    from racefuzz import __version__
+    from racefuzz.report import ReplayFile, write_replay
+    from racefuzz.schedule import NO_DELAYS
+
+    replay = ReplayFile(design.spec, "sim", 0, workload, NO_DELAYS, "happens-before", __version__, design.scenario)  # type: ignore[arg-type]
+    try:
+        return write_replay(replay, args.report_dir)
+    except OSError as exc:
+        elsewhere = fallback_dir()
+        print(
+            f"racefuzz: error: cannot write to --report-dir {args.report_dir} ({exc.strerror or exc}); "
+            f"the replay file goes to {elsewhere}",
+            file=sys.stderr,
+        )
+        return write_replay(replay, elsewhere)
 
 
 def _line(proof: Proof) -> str:

@@ -10,8 +10,6 @@ of `racefuzz trace` (real code) is re-run by `racefuzz.commands.trace.replay_tra
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
@@ -19,12 +17,13 @@ from racefuzz.exitcodes import ExitCode
 
 def replay_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.backends import executor, resolve_backend
-    from racefuzz.designs import load_design
-    from racefuzz.report import load_replay, render
+    from racefuzz.designs import label, load_design
+    from racefuzz.report import ReplayFile, read_json_file, render
     from racefuzz.search import explain, judge
     from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
 
-    if _is_trace_replay(args.file):
+    data = read_json_file(args.file)  # bounded, regular files only: `racefuzz replay /dev/zero` is one line
+    if _is_trace_replay(data):
         if args.backend == "sim":
             raise InvalidArgument(
                 f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
@@ -32,8 +31,14 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
             )
         from racefuzz.commands.trace import replay_trace
 
-        return replay_trace(args.file, args.backend or "auto", args.repeat)
-    replay = load_replay(args.file)
+        try:
+            with stoppable(args.example_timeout):  # a replayed step that never returns is abandoned
+                return replay_trace(args.file, args.backend or "auto", args.repeat)
+        except StopRequested as stop:
+            if stop.reason == "timeout":
+                raise ExampleTimeout(stop.detail) from None
+            raise
+    replay = ReplayFile.from_json(data, str(args.file))
     try:
         design = load_design(replay.design, replay.scenario)
     except InvalidArgument as exc:
@@ -60,18 +65,14 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
         print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
         return ExitCode.CLEAN
     shown = explain(shown, backend)
-    print(render(shown, design=replay.design, backend=backend, replay_path=args.file, scenario=replay.scenario))
+    print(render(shown, design=label(design), backend=backend, replay_path=args.file, scenario=replay.scenario))
     if replay.oracle == "corruption":
         print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
     return ExitCode.RACE
 
 
-def _is_trace_replay(path: Path) -> bool:
-    """Whether `path` holds a `racefuzz trace` replay file (anything unreadable is left to `load_replay`)."""
+def _is_trace_replay(data: object) -> bool:
+    """Whether `data` (a replay file's JSON) is a `racefuzz trace` replay file."""
     from racefuzz.trace.report import FORMAT
 
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
     return isinstance(data, dict) and data.get("format") == FORMAT

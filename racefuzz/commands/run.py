@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.designs import Design, load_design, raise_hook_error
+from racefuzz.designs import Design, label, load_design, raise_hook_error
 from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
 from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
@@ -46,6 +46,8 @@ def example_database(spec: str | None):
         except (ImportError, AttributeError) as exc:
             raise InvalidArgument(f"--database {spec}: {exc}") from None
         if not isinstance(obj, ExampleDatabase):
+    if not spec.strip():  # not the working directory: Hypothesis' folders would land beside the user's files
+        raise InvalidArgument("--database: an empty value names no directory (a directory, none, or module:attr)")
             raise InvalidArgument(f"--database {spec}: not a hypothesis.database.ExampleDatabase")
         return obj
     check_output_dir(spec, "--database")
@@ -146,7 +148,7 @@ def run_command(args: argparse.Namespace) -> ExitCode:
             lint(design, args)
             backend = resolve_backend(args.backend)
             print(
-                f"racefuzz {__version__}: design {design.name} on {backend}, up to {args.examples} examples, "
+                f"racefuzz {__version__}: design {label(design)} on {backend}, up to {args.examples} examples, "
                 f"seed {args.seed}, hazards {','.join(args.hazards)}",
                 flush=True,
             )
@@ -181,7 +183,7 @@ def run_command(args: argparse.Namespace) -> ExitCode:
         replay_path = _save(result, args, report)
         _write_json(args, report)
         print(
-            f"RACE FOUND in design {design.name} after {result.first_detection_example} example(s); "
+            f"RACE FOUND in design {label(design)} after {result.first_detection_example} example(s); "
             f"report in {replay_path.with_suffix('.txt')}"
         )
         return ExitCode.INTERRUPTED if stopped else ExitCode.RACE
@@ -191,11 +193,11 @@ def run_command(args: argparse.Namespace) -> ExitCode:
         return ExitCode.INTERRUPTED
     if control is not None and not control.found:
         print(
-            f"INCONCLUSIVE: no race in {design.name} over {result.examples} examples, but the negative control was not "
-            "caught either; raise --examples or widen --hazards"
+            f"INCONCLUSIVE: no race in {label(design)} over {result.examples} examples, but the negative control was "
+            "not caught either; raise --examples or widen --hazards"
         )
         return ExitCode.INCONCLUSIVE
-    print(f"no race found in design {design.name} over {result.examples} examples ({result.seconds:.1f} s)")
+    print(f"no race found in design {label(design)} over {result.examples} examples ({result.seconds:.1f} s)")
     return ExitCode.CLEAN if json_ok else ExitCode.USAGE
 
 

@@ -1,9 +1,14 @@
 """`racefuzz trace module:step`: fuzz a step of real code (see `racefuzz.trace`), or re-run a replay file.
 
-Exit codes as `racefuzz run`'s: 1 a race (happens-before, or values that differ from the serialized run),
-0 none, 3 none but the `--control` step (one that must race) was not caught either, 2 a bad step name,
-replay file, `--watch` name or `--report-dir`, or `--device cuda` without a usable GPU, 4 the step (or the
-control, or the replayed step) itself failed.
+Exit codes as `racefuzz run`'s: 1 a race (happens-before, or values that differ from the serialized run;
+its replay file is written first), 0 none, 3 none but the `--control` step (one that must race) was not
+caught either, 2 a bad step name, replay file, `--watch` name or `--report-dir`, `--device cuda` without a
+usable GPU, or no torch, 4 the step (or the control, or the replayed step) itself failed -- raised, or
+called `sys.exit` --, 5 racefuzz's own failure (a bug in the recorder), 6 one run of the step took longer
+than `--example-timeout`.
+
+A step is `package.module:function` (imported with the working directory on the import path, as `racefuzz
+run --design` does) or `path/to/steps.py:function`.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from racefuzz.commands import argtypes
-from racefuzz.errors import InvalidArgument, RacefuzzError, ReplayError, UserCodeError
+from racefuzz.errors import BackendUnavailable, InvalidArgument, ReplayError, UserCodeError
 from racefuzz.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -39,23 +44,66 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     trace.add_argument("--watch", action="append", default=[], help="a tensor name the oracle watches (repeatable)")
     trace.add_argument("--seed", type=argtypes.seed, help="Hypothesis seed (default: derandomized)")
-    trace.add_argument("--report-dir", type=Path, default=Path(".racefuzz"), help="where replay files go")
+    trace.add_argument("--report-dir", type=argtypes.path, default=Path(".racefuzz"), help="where replay files go")
     trace.add_argument(
         "--no-run-kernels",
         dest="run_kernels",
         action="store_false",
         help="with --device cpu: record Triton/CuPy launches from their annotations without running them",
     )
-    trace.add_argument("--replay", type=Path, help="re-run this trace replay file instead of searching")
+    trace.add_argument(
+        "--replay",
+        type=argtypes.path,
+        help="re-run this trace replay file instead of searching (STEP, if given, must match)",
+    )
     trace.add_argument("--repeat", type=argtypes.repeat, default=3, help="with --replay: runs, 1 to 1000 (default 3)")
+    trace.add_argument(
+        "--example-timeout",
+        type=argtypes.timeout,
+        default=argtypes.DEFAULT_EXAMPLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"stop with exit code {int(ExitCode.TIMEOUT)} when one run of the step takes longer (default "
+        f"{argtypes.DEFAULT_EXAMPLE_TIMEOUT_S:g}); a step that never returns is abandoned",
+    )
 
 
 def trace_command(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.errors import ExampleTimeout
+    from racefuzz.watchdog import StopRequested, stoppable
+
+    require_torch()
+    try:
+        # Everything that runs the step is watched: a run that never returns is abandoned after
+        # --example-timeout (exit 6), and Ctrl-C stops at the next run.
+        with stoppable(args.example_timeout):
+            if args.replay is not None:
+                return replay_trace(
+                    args.replay, args.device, args.repeat, step_given=args.step, watch_given=tuple(args.watch)
+                )
+            return _search(args)
+    except StopRequested as stop:
+        if stop.reason == "timeout":
+            raise ExampleTimeout(stop.detail) from None
+        raise
+
+
+def require_torch() -> None:
+    """A usage error (exit 2) with the install hint when torch is missing: a traced step is torch code, and
+    without torch nothing can record it (the step's own `import torch` would otherwise read as its bug)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"racefuzz trace records torch code and needs torch ({exc}): pip install torch (a CUDA build to run "
+            "on the GPU; the CPU build records and judges happens-before)"
+        ) from None
+
+
+def _search(args: argparse.Namespace) -> ExitCode:
     from racefuzz.outputs import check_output_dir
     from racefuzz.trace.search import fuzz, resolve_device
+    from racefuzz.watchdog import checkpoint
 
-    if args.replay is not None:
-        return replay_trace(args.replay, args.device, args.repeat)
     if not args.step:
         raise InvalidArgument("racefuzz trace needs a step (module:function) or --replay FILE")
     if not args.run_kernels and args.device != "cpu":
@@ -64,7 +112,9 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     # a place to go, and a device that is not there is a usage error, not a failing step.
     report_dir = check_output_dir(args.report_dir, "--report-dir")
     device = resolve_device(args.device)
-    step = _load(args.step)
+    checkpoint(f"loading the step {args.step}")
+    step = watched(_load(args.step), args.step)
+    checkpoint(f"recording the step {args.step}")  # the first recording may build the recorder's fast path
     options = dict(
         device=device,
         watch=tuple(args.watch),
@@ -76,17 +126,41 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     )
     control_caught = None
     if args.control:
-        control = _run(fuzz, _load(args.control), options, f"the negative control {args.control}")
+        control = _run(
+            fuzz, watched(_load(args.control), args.control), options, f"the negative control {args.control}"
+        )
         control_caught = control.racy
         print(f"negative control {control.step}: {'caught' if control_caught else 'NOT caught'}")
     result = _run(fuzz, step, options, f"the step {args.step}")
     if result.racy:
-        _write_race(result, report_dir, tuple(args.watch))
+        _write_race(result, report_dir, tuple(args.watch), args.step)
         return ExitCode.RACE
     print(_render(result, None))
     if control_caught is False:
         return ExitCode.INCONCLUSIVE
     return ExitCode.CLEAN
+
+
+def watched(step: Callable, spec: str) -> Callable:
+    """`step`, passing a watchdog checkpoint before and after each run: the per-example timeout and Ctrl-C see
+    a run of the step that never returns as this one (`racefuzz.watchdog`)."""
+    import functools
+
+    from racefuzz.watchdog import checkpoint
+
+    @functools.wraps(step)
+    def run(env: Any) -> Any:
+        checkpoint(f"a run of the step {spec}")
+        returned = step(env)
+        checkpoint(f"judging a run of the step {spec}")
+        return returned
+
+    from racefuzz.designs import split_spec
+
+    file_path, _, attr = split_spec(spec)
+    if file_path is not None:  # named as given (`steps.py:step`), not by the private module it was loaded as
+        run.__module__, run.__qualname__ = str(file_path), attr
+    return run
 
 
 def _render(result: TraceResult, replay_path: Path | None) -> str:
@@ -95,15 +169,28 @@ def _render(result: TraceResult, replay_path: Path | None) -> str:
     return render(result, replay_path)
 
 
-def _write_race(result: TraceResult, report_dir: Path, watch: tuple[str, ...]) -> None:
-    """Write the replay file (on a value divergence) and the timeline, then print the report; to a fresh
-    temporary directory if `report_dir` cannot be written after all (the message says where)."""
-    from racefuzz.outputs import fallback_dir
-    from racefuzz.trace.report import report_stem, write_replay, write_timeline
+def _write_race(result: TraceResult, report_dir: Path, watch: tuple[str, ...], spec: str) -> None:
+    """Write the replay file (a value divergence's delays, or none for a happens-before race: its replay
+    judges the step's trace again) and the timeline, then print the report; to a fresh temporary directory
+    if `report_dir` cannot be written after all (the message says where). The file names the step as
+    `spec` (the step loaded, a file's path made absolute), so that `racefuzz trace --replay` loads it
+    again from anywhere."""
+    import json
 
-    def write(directory: Path) -> tuple[Path | None, list[Path]]:
-        replay_path = write_replay(result, directory, watch) if result.divergence else None
-        return replay_path, write_timeline(result, report_stem(result, directory))
+    from racefuzz.designs import split_spec
+    from racefuzz.outputs import fallback_dir
+    from racefuzz.report import file_stem
+    from racefuzz.trace.report import replay_json, report_stem, write_timeline
+
+    file_path, _, attr = split_spec(spec)
+    replayed = spec if file_path is None else f"{file_path.resolve()}:{attr}"
+
+    def write(directory: Path) -> tuple[Path, list[Path]]:
+        stem = report_stem(result, directory) if file_path is None else directory / f"trace-{file_stem(spec)}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        replay_path = stem.parent / f"{stem.name}.json"
+        replay_path.write_text(json.dumps({**replay_json(result, watch), "step": replayed}, indent=2) + "\n")
+        return replay_path, write_timeline(result, stem)
 
     try:
         replay_path, written = write(report_dir)
@@ -116,51 +203,166 @@ def _write_race(result: TraceResult, report_dir: Path, watch: tuple[str, ...]) -
         )
         replay_path, written = write(elsewhere)
     print(_render(result, replay_path))
+    if result.divergence is None:
+        print(f"  replay: racefuzz trace --replay {replay_path}")
     print("timeline (host issue order): " + ", ".join(str(p) for p in written))
 
 
 def _load(spec: str) -> Callable:
-    from racefuzz.trace.search import load_step
+    """The step `spec` names: `package.module:function` (the working directory on the import path, as for
+    `racefuzz run --design`) or `path/to/steps.py:function`. A name that does not resolve is a usage error;
+    the step's module raising (or calling sys.exit) while it is imported is an error in user code."""
+    import traceback
 
+    from racefuzz.designs import import_user_file, one_line, split_spec, user_frame, working_directory_on_path
+    from racefuzz.trace import search
+
+    file_path, module_name, attr = split_spec(spec)
+    if not attr or (file_path is None and not module_name):
+        raise InvalidArgument(f"cannot load step {spec!r}: expected module:function or path/to/steps.py:function")
+    if file_path is None:
+        cwd = working_directory_on_path()
+        try:
+            return search.load_step(spec)
+        except ImportError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):  # the step's module imports a missing one
+                raise UserCodeError(
+                    f"importing step module {module_name!r} failed: {type(exc).__name__}: {exc}{user_frame(exc)}",
+                    traceback.format_exc(),
+                ) from None
+            raise InvalidArgument(
+                f"cannot load step {spec!r}: {exc} (searched from {cwd}; a file path such as path/to/steps.py:step "
+                "works too)"
+            ) from None
+        except (AttributeError, ValueError) as exc:
+            raise InvalidArgument(f"cannot load step {spec!r}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # the step's module raised (or called sys.exit) while importing
+            raise UserCodeError(
+                f"importing step module {module_name!r} failed: {type(exc).__name__}: {one_line(exc)}{user_frame(exc)}",
+                traceback.format_exc(),
+            ) from None
+    target: Any = import_user_file(file_path, spec, "step")
     try:
-        return load_step(spec)
-    except (ImportError, AttributeError, ValueError) as exc:
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except AttributeError as exc:
         raise InvalidArgument(f"cannot load step {spec!r}: {exc}") from None
+    if not callable(target):
+        raise InvalidArgument(f"cannot load step {spec!r}: {attr} is not callable")
+    return target
 
 
 def _run(call: Callable, step: Callable, options: dict, what: str) -> Any:
-    """`call(step, **options)`; an exception from the user's code is a `UserCodeError` naming `what` (exit 4),
-    racefuzz's own errors (a bad --watch name, an unusable device) pass as they are."""
+    """`call(step, **options)`. The step itself failing (`StepFailed`: it raised or called sys.exit) is an
+    error in user code naming `what` (exit 4); racefuzz's own errors (a bad --watch name, an unusable
+    device) pass as they are, and anything else is racefuzz's bug (exit 5), not blamed on the step."""
+    from racefuzz.trace.search import StepFailed
+
     try:
         return call(step, **options)
-    except RacefuzzError:
-        raise
-    except Exception as exc:
-        import traceback
-
-        raise UserCodeError(
-            f"{what} failed in its reference run: {type(exc).__name__}: {exc}", traceback.format_exc()
-        ) from None
+    except StepFailed as failed:
+        raise UserCodeError(f"{what} failed in its reference run: {failed.summary}", failed.details) from None
 
 
-def replay_trace(path: Path, device_choice: str, repeat: int) -> ExitCode:
+def load_trace_replay(path: Path) -> tuple[str, str, tuple[str, ...], list[tuple[str, int, float]]]:
+    """(step spec, device, watch, delays) of a trace replay file, every field checked (present, of its type,
+    in its range); any problem is a one-line `ReplayError`. The file is read as `racefuzz replay` reads its
+    own (`racefuzz.report.read_json_file`: bounded, regular files only)."""
+    from racefuzz.report import read_json_file
+    from racefuzz.trace.report import FORMAT, FORMAT_VERSION, MAX_REPLAY_DELAY_US, MAX_REPLAY_DELAYS, MAX_REPLAY_LAUNCH
+
+    data = read_json_file(path, "trace replay file")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReplayError(f'{path}: not a racefuzz trace replay file (no "format": "{FORMAT}")')
+    for name in ("version", "step", "device", "watch", "delays"):
+        if name not in data:
+            raise ReplayError(f'{path}: missing field "{name}"')
+    if type(data["version"]) is not int or data["version"] != FORMAT_VERSION:
+        raise ReplayError(f"{path}: format version {data['version']!r}; this racefuzz reads version {FORMAT_VERSION}")
+    step, device, watch, raw_delays = data["step"], data["device"], data["watch"], data["delays"]
+    if not isinstance(step, str) or ":" not in step:
+        raise ReplayError(f'{path}: "step" must be module:function, got {step!r}')
+    if device not in ("cpu", "cuda"):
+        raise ReplayError(f"{path}: 'device' must be 'cpu' or 'cuda', got {device!r}")
+    if not isinstance(watch, list) or not all(isinstance(name, str) and name for name in watch):
+        raise ReplayError(f'{path}: "watch" must be a list of tensor names, got {watch!r}')
+    if not isinstance(raw_delays, list) or len(raw_delays) > MAX_REPLAY_DELAYS:
+        raise ReplayError(f'{path}: "delays" must be a list of at most {MAX_REPLAY_DELAYS} delay points')
+    delays = []
+    for i, point in enumerate(raw_delays):
+        if not isinstance(point, dict) or set(point) != {"stream", "launch", "us"}:
+            raise ReplayError(f'{path}: delay point {i} must be {{"stream": name, "launch": n, "us": microseconds}}')
+        stream, launch, us = point["stream"], point["launch"], point["us"]
+        if not isinstance(stream, str) or not stream:
+            raise ReplayError(f"{path}: delay point {i}: stream must be a stream name, got {stream!r}")
+        if type(launch) is not int or not 0 <= launch <= MAX_REPLAY_LAUNCH:
+            raise ReplayError(
+                f"{path}: delay point {i} out of range: launch must be an integer in [0, {MAX_REPLAY_LAUNCH}], "
+                f"got {launch!r}"
+            )
+        if type(us) not in (int, float) or not 0.0 <= us <= MAX_REPLAY_DELAY_US:  # nan fails both comparisons
+            raise ReplayError(
+                f"{path}: delay point {i} out of range: us must be microseconds in [0, {MAX_REPLAY_DELAY_US:g}], "
+                f"got {us!r}"
+            )
+        delays.append((stream, launch, float(us)))
+    return step, device, tuple(watch), delays
+
+
+def check_delay_points(path: Path, delays: list[tuple[str, int, float]], reference: Any) -> None:
+    """Every delay point names a launch the replayed step makes (stream and n-th launch on it): a point on a
+    stream the step does not use, or past its launches, would be silently dropped, and the replay would
+    judge another schedule than the one that raced."""
+    from racefuzz.trace.search import launch_points
+
+    counts: dict[str, int] = {}
+    for stream, _ in launch_points(reference):
+        counts[stream] = counts.get(stream, 0) + 1
+    for stream, launch, _ in delays:
+        if stream not in counts:
+            known = ", ".join(sorted(counts)) or "none"
+            raise ReplayError(
+                f"{path}: delay on stream {stream!r}, which the step does not launch on (it does on: {known})"
+            )
+        if launch >= counts[stream]:
+            raise ReplayError(
+                f"{path}: delay before launch {launch} on {stream!r}, but the step makes {counts[stream]} there"
+            )
+
+
+def replay_trace(
+    path: Path,
+    device_choice: str,
+    repeat: int,
+    *,
+    step_given: str | None = None,
+    watch_given: tuple[str, ...] = (),
+) -> ExitCode:
     """Re-run the trace replay file `path` `repeat` times (`racefuzz trace --replay`, and `racefuzz replay` of
-    a trace file); `device_choice` "auto" runs on the device the file was recorded on.
+    a trace file); `device_choice` "auto" runs on the device the file was recorded on. `step_given` (the
+    STEP of `racefuzz trace STEP --replay FILE`) and `watch_given` must be the file's, if given.
 
     On the CPU a delay cannot reorder anything (the step runs eagerly), so there the file's delays are not
     re-run: the step's happens-before trace is judged instead, as `racefuzz trace --device cpu` does, and a
     race there exits 1 (the output says which verdict it is)."""
     from racefuzz.trace.convert import find_trace_races
-    from racefuzz.trace.report import load_replay
     from racefuzz.trace.search import judge_run, resolve_device, run_once, run_with_delays, watched_ordinals
+    from racefuzz.watchdog import checkpoint
 
-    try:
-        spec, recorded_on, watch, delays = load_replay(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ReplayError(f"{path}: {exc}") from None
+    require_torch()
+    spec, recorded_on, watch, delays = load_trace_replay(path)
+    if step_given is not None and step_given != spec:
+        raise InvalidArgument(
+            f"racefuzz trace {step_given} --replay {path}: the file replays the step {spec}, not {step_given} "
+            "(give the file alone, or its own step)"
+        )
+    if watch_given and tuple(watch_given) != watch:
+        raise InvalidArgument(f"--watch {', '.join(watch_given)}: {path} watches {', '.join(watch) or 'nothing'}")
     device = resolve_device(recorded_on if device_choice == "auto" else device_choice)
-    step = _load(spec)
+    checkpoint(f"loading the step {spec}")
+    step = watched(_load(spec), spec)
     reference = _run(run_once, step, {"device": device, "serialize": True}, f"the replayed step {spec}")
+    check_delay_points(path, delays, reference)
     ordinals = watched_ordinals(reference, watch)
     print(f"racefuzz trace --replay {path}: {spec} on {device}, delays {delays}")
     if device == "cpu":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, Phase, Verbosity, example, find, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, find, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -79,12 +79,18 @@ class _Unordered(Exception):
 
 
 def shrink_unordered(design: Design, witness: Workload, workloads: st.SearchStrategy[Workload], seed: int) -> Outcome:
-    """A minimal workload with an unordered conflicting pair, starting from a known racy `witness`."""
+    """A small workload with an unordered conflicting pair: the first racy one a short Hypothesis search of
+    `workloads` finds, shrunk; `witness` (a workload known to race) when that search finds none.
+
+    The witness is the fallback, not an explicit `@example`: racefuzz's search settings run no explicit
+    phase, and an explicit example that fails is reported as it is, never shrunk. A rare race (one
+    workload in thousands) is often not met again in the short search, and a race found is never lost to
+    that: the minimizer still simplifies the witness's structure.
+    """
     found: list[Outcome] = []
 
     @hypothesis_seed(seed)
     @search_settings(200)
-    @example(witness)
     @given(workloads)
     def unordered(workload: Workload) -> None:
         outcome = judge(workload, design, None, None)
@@ -94,8 +100,7 @@ def shrink_unordered(design: Design, witness: Workload, workloads: st.SearchStra
 
     with contextlib.suppress(_Unordered):
         unordered()
-    assert found, "the witness workload is racy, so the search must fail"
-    return found[0]
+    return found[0] if found else judge(witness, design, None, None)
 
 
 def shrink_alone(

@@ -7,6 +7,7 @@ tests/plugin/test_plugin_bad_inputs.py; the watchdog's and Ctrl-C's need a proce
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -77,7 +78,26 @@ class RaisesOnce:
             ctx.schedule_stream.wait_stream(ctx.forward_stream)
 
 
+class Exits:
+    # sys.exit() in a hook: an error in the user's code, never racefuzz's exit code (0 read as "no race").
+    name = "exits"
+
+    def after_reads(self, ctx):
+        import sys
+
+        sys.exit(0)
+
+
+class RaisesSystemExit:
+    name = "raises-system-exit"
+
+    def after_launch(self, ctx):
+        raise SystemExit("done")
+
+
 raises = Raises()
+exits = Exits()
+raises_system_exit = RaisesSystemExit()
 raises_once = RaisesOnce()
 wrong_signature = WrongSignature()
 not_a_design = NotADesign()
@@ -90,6 +110,15 @@ EARLIER = {"earlier.json": '{"kept": true}\n', "earlier.txt": "a report from an 
 """Files an earlier run left in the report directory: every case checks they are unchanged."""
 
 
+def _full_workload(**fields: object) -> dict[str, object]:
+    """A workload's JSON with every field stated, as racefuzz writes it (a replay file must state them all)."""
+    from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
+
+    workload = Workload(requests=(RequestSpec(),), iterations=2).to_json()
+    workload["requests"] = [dict(r) for r in workload["requests"]]  # type: ignore[union-attr]
+    return json.loads(json.dumps({**workload, **fields}))
+
+
 def _replay(**changes: object) -> str:
     data: dict[str, object] = {
         "format": "racefuzz-replay",
@@ -100,14 +129,24 @@ def _replay(**changes: object) -> str:
         "backend": "sim",
         "seed": 0,
         "oracle": "corruption",
-        "workload": {"iterations": 2, "requests": [{"arrival": 0, "prompt_len": 4, "chunk": 64, "accepts": [1]}]},
-        "schedule": {},
+        "workload": _full_workload(),
+        "schedule": {"device_delays": {}, "read_spins": {}, "host_delays": {}},
     }
     workload = changes.pop("workload", None)
     if isinstance(workload, dict):
         data["workload"] = {**data["workload"], **workload}  # type: ignore[dict-item]
     data.update(changes)
     return json.dumps(data)
+
+
+def _without_iterations() -> str:
+    data = json.loads(_replay())
+    del data["workload"]["iterations"]
+    return json.dumps(data)
+
+
+def _request(**fields: object) -> dict[str, object]:
+    return {**_full_workload()["requests"][0], **fields}  # type: ignore[index]
 
 
 # (id, argv, exit code, a part of the one-line message)
@@ -187,6 +226,67 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("replay delay", ["replay", "delay.json"], ExitCode.USAGE, "delay must be >= 0 microseconds"),
     ("replay --report-dir", ["replay", "seed.json", "--report-dir", "x"], ExitCode.USAGE, "unrecognized arguments"),
     ("replay hook raises", ["replay", "hook.json"], ExitCode.USER_CODE, "hook after_reads raised KeyError"),
+    # -- replay files validated strictly: every field, types, ranges, the file bounded before it is read
+    ("replay no prompt_len", ["replay", "no-prompt.json"], ExitCode.USAGE, 'missing field(s) "prompt_len"'),
+    ("replay no iterations", ["replay", "no-iterations.json"], ExitCode.USAGE, 'missing field(s) "iterations"'),
+    ("replay no schedule", ["replay", "no-schedule.json"], ExitCode.USAGE, 'missing field "schedule"'),
+    ("replay no version string", ["replay", "no-racefuzz.json"], ExitCode.USAGE, '"racefuzz" must be the version'),
+    ("replay float iterations", ["replay", "float.json"], ExitCode.USAGE, "iterations must be an integer"),
+    ("replay /dev/zero", ["replay", "/dev/zero"], ExitCode.USAGE, "/dev/zero: not a regular file"),
+    ("replay a directory", ["replay", "."], ExitCode.USAGE, "not a regular file"),
+    ("replay a FIFO", ["replay", "fifo.json"], ExitCode.USAGE, "not a regular file"),
+    ("replay huge", ["replay", "huge.json"], ExitCode.USAGE, "more than a replay file holds"),
+    ("replay not UTF-8", ["replay", "latin1.json"], ExitCode.USAGE, "not UTF-8 text"),
+    ("replay nested deeply", ["replay", "deep.json"], ExitCode.USAGE, "nested too deeply"),
+    ("replay huge integer", ["replay", "digits.json"], ExitCode.USAGE, "malformed JSON"),
+    ("replay design exits", ["replay", "exits.json"], ExitCode.USER_CODE, "hook after_reads raised SystemExit"),
+    # -- sys.exit / raise SystemExit in the user's code: exit 4 naming the hook, never racefuzz's exit code
+    (
+        "hook sys.exit",
+        ["run", "--design", "designs.py:exits"],
+        ExitCode.USER_CODE,
+        "hook after_reads raised SystemExit",
+    ),
+    (
+        "hook raise SystemExit",
+        ["run", "--design", "designs.py:raises_system_exit"],
+        ExitCode.USER_CODE,
+        "hook after_launch raised SystemExit",
+    ),
+    (
+        "module sys.exit",
+        ["run", "--design", "exits.py:design"],
+        ExitCode.USER_CODE,
+        "SystemExit: sys.exit(0) was called",
+    ),
+    (
+        "module sys.exit by name",
+        ["run", "--design", "exits_mod:design"],
+        ExitCode.USER_CODE,
+        "importing design module 'exits_mod' failed: SystemExit",
+    ),
+    (
+        "compare hook sys.exit",
+        ["compare", "--designs", "designs.py:exits,none", "--workloads", "2"],
+        ExitCode.USER_CODE,
+        "hook after_reads raised SystemExit",
+    ),
+    (
+        "prove hook sys.exit",
+        ["prove", "--design", "designs.py:exits", "--max-bytes", "4", "--iterations", "1", "--quiet"],
+        ExitCode.USER_CODE,
+        "hook after_reads raised SystemExit",
+    ),
+    # -- outputs that cannot be written: refused before the work
+    ("report dir name too long", ["run", "--report-dir", "d" * 300], ExitCode.USAGE, "File name too long"),
+    ("report dir empty", ["run", "--report-dir", ""], ExitCode.USAGE, "expected a path, got an empty string"),
+    ("database empty", ["run", "--database", ""], ExitCode.USAGE, "--database: an empty value names no directory"),
+    ("run json /dev/full", ["run", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular file"),
+    ("compare json /dev/full", ["compare", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular"),
+    ("compare plot /dev/full", ["compare", "--plot", "/dev/full"], ExitCode.USAGE, "--plot /dev/full: not a regular"),
+    ("bench json /dev/full", ["bench", "engine", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a"),
+    ("prove json /dev/full", ["prove", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular"),
+    ("prove report dir", ["prove", "--report-dir", "notes.txt"], ExitCode.USAGE, "exists and is not a directory"),
     # -- bench
     ("bench --out scope", ["bench", "engine", "--out", "d"], ExitCode.USAGE, "--out applies to"),
     ("bench --quick scope", ["bench", "scenario", "--quick"], ExitCode.USAGE, "--quick applies to"),
@@ -204,17 +304,29 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     replays = {
         "version-string.json": _replay(version="1"),
         "iterations.json": _replay(workload={"iterations": 10**9}),
-        "prompt.json": _replay(
-            workload={"requests": [{"arrival": 0, "prompt_len": 10**9, "chunk": 64, "accepts": [1]}]}
-        ),
+        "prompt.json": _replay(workload={"requests": [_request(prompt_len=10**9)]}),
         "cost.json": _replay(workload={"forward_cost_us": float("inf")}),
         "backend.json": _replay(backend="tpu"),
         "seed.json": _replay(seed=-1),
         "delay.json": _replay(schedule={"device_delays": {"3": -5.0}}),
         "hook.json": _replay(design="designs.py:raises"),
+        "exits.json": _replay(design="designs.py:exits"),
+        "no-prompt.json": _replay(workload={"requests": [{k: v for k, v in _request().items() if k != "prompt_len"}]}),
+        "no-iterations.json": _without_iterations(),
+        "no-schedule.json": json.dumps({k: v for k, v in json.loads(_replay()).items() if k != "schedule"}),
+        "no-racefuzz.json": json.dumps({k: v for k, v in json.loads(_replay()).items() if k != "racefuzz"}),
+        "float.json": _replay(workload={"iterations": 2.0}),
+        "deep.json": "[" * 100_000 + "]" * 100_000,
+        "digits.json": '{"format": "racefuzz-replay", "seed": ' + "9" * 5000 + "}",
     }
     for name, text in replays.items():
         (tmp_path / name).write_text(text)
+    (tmp_path / "latin1.json").write_bytes(_replay(design="d\xe9sign").replace("\\u00e9", "\xe9").encode("latin-1"))
+    with open(tmp_path / "huge.json", "wb") as huge:  # sparse: bigger than a replay file, nothing to read
+        huge.truncate(64 * 1024 * 1024)
+    os.mkfifo(tmp_path / "fifo.json")  # opening it to read would block for ever
+    (tmp_path / "exits.py").write_text("import sys\n\nsys.exit(0)\n")
+    (tmp_path / "exits_mod.py").write_text("raise SystemExit(3)\n")
     report_dir = tmp_path / ".racefuzz"
     report_dir.mkdir()
     for name, text in EARLIER.items():
