@@ -56,7 +56,8 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
     else:
         lines.append(f"value oracle: {result.divergence}")
         lines.append("  delays: " + ", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays))
-        lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s)")
+        flaky = "" if result.manifested else ": flaky, not counted as a race (a divergence counts only k of k)"
+        lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
         if replay_path is not None:
             lines.append(f"  replay: racefuzz trace --replay {replay_path}")
     return "\n".join(lines)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.confirm import Confirmation
+from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
 from racefuzz.trace.convert import TraceRace, find_trace_races
 from racefuzz.trace.model import HOST, TraceLaunch
@@ -44,7 +46,8 @@ class TraceResult:
         races: the happens-before races of the reference trace.
         divergence: the value oracle's finding under `delays`, or None.
         delays: the shrunk delay points that made it manifest.
-        confirmed: how many of `confirm_runs` re-runs of `delays` manifested.
+        confirmed: how many of `confirm_runs` re-runs of `delays` manifested; the divergence counts only
+            when all did (`racefuzz.confirm`: k of k), else it is flaky, reported with its rate.
         examples: fuzzed runs made; seconds: the search's wall time.
     """
 
@@ -61,8 +64,21 @@ class TraceResult:
     searched: bool = True
 
     @property
+    def confirmation(self) -> Confirmation | None:
+        """The divergence's confirmation (None: nothing diverged)."""
+        return None if self.divergence is None else Confirmation(self.confirmed, self.confirm_runs)
+
+    @property
+    def manifested(self) -> bool:
+        """Whether the divergence counts: it showed again in every one of the k re-runs."""
+        confirmation = self.confirmation
+        return confirmation is not None and confirmation.confirmed
+
+    @property
     def racy(self) -> bool:
-        return bool(self.races) or self.divergence is not None
+        """A race: happens-before's (it does not depend on the schedule), or a divergence confirmed k of k. A
+        divergence confirmed fewer times is flaky: reported, not a race."""
+        return bool(self.races) or self.manifested
 
 
 def step_name(step: Step) -> str:
@@ -99,53 +115,6 @@ def resolve_device(device: str) -> str:
             raise BackendUnavailable(f"device {device!r} needs torch with CUDA, and torch is not installed") from None
         if not torch.cuda.is_available():
             raise BackendUnavailable(
-class StepFailed(UserCodeError):
-    """The user's step raised (or called `sys.exit`): an error in user code (exit 4) naming the step and the
-    step's own frame; `exception` is what it raised."""
-
-    def __init__(self, step: str, exception: BaseException) -> None:
-        import traceback
-
-        from racefuzz.designs import one_line, user_frame
-
-        self.step = step
-        self.exception = exception
-        self.summary = f"{type(exception).__name__}: {one_line(exception)}{user_frame(exception)}"
-        super().__init__(f"the step {step} raised {self.summary}", "".join(traceback.format_exception(exception)))
-
-
-def raised_by_racefuzz(exc: BaseException) -> bool:
-    """Whether `exc` was raised by racefuzz's own Python code (a bug in the recorder), not by the step nor by
-    what racefuzz called on the step's behalf.
-
-    The innermost frame of its traceback decides: outside the package, the step's (or a library's) own;
-    inside it, racefuzz's own unless that frame was calling into C when the exception arose -- a torch op
-    the recorder forwards for the step (a shape error is the step's), whose failure has no Python frame of
-    its own."""
-    import dis
-
-    from racefuzz.designs import PACKAGE_DIR
-
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    if not tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR):
-        return False
-    at = next((i for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), None)
-    return at is None or not at.opname.startswith("CALL")
-
-
-def _only_manifestations(exc: BaseException, manifested: type[BaseException]) -> bool:
-    """Whether `exc` (what a Hypothesis test raised) is made of `manifested` failures only: the failure
-    itself, or Hypothesis' `FlakyFailure` group of them."""
-    if isinstance(exc, manifested):
-        return True
-    inner = getattr(exc, "exceptions", None)
-    return bool(inner) and all(_only_manifestations(e, manifested) for e in inner)
-
-
                 f"device {device!r} is not usable here (torch {torch.__version__}: torch.cuda.is_available() is "
                 "False); record on the CPU instead (--device cpu)"
             )
@@ -160,14 +129,7 @@ def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
     recorder = Recorder(device, **recorder_options)
     env = TraceEnv(recorder, device)
     with recording(recorder):
-        try:
-            returned = step(env)
-        except RacefuzzError:  # a misused TraceEnv, a bad watch name: their own kind, as they are
-            raise
-        except (Exception, SystemExit) as exc:  # sys.exit() in a step is the step's failure, not an exit code
-            if raised_by_racefuzz(exc):
-                raise  # a bug in the recorder, reached through the step's own call: an internal error
-            raise StepFailed(step_name(step), exc) from exc
+        returned = step(env)
     if returned is None:
         returned = {}
     elif not isinstance(returned, Mapping):
@@ -177,7 +139,6 @@ def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
         )
     return recorder.finish(returned)
 
-    from racefuzz.errors import RacefuzzError
 
 def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
     """(stream, n) of every device launch of the reference run, in host order: where delays may go."""
@@ -237,8 +198,8 @@ def run_with_delays(
             delays={(s, n): us for s, n, us in delays},
             snapshot_plan=plan,
         )
-    except StepFailed as failed:  # the user's code failed under a schedule: a candidate, not an error
-        return failed.exception
+    except Exception as exc:  # the user's code failed under a schedule: reported, not raised
+        return exc
 
 
 def judge_run(reference: RunRecord, run: RunRecord | BaseException, ordinals: set[int] | None) -> Divergence | None:
@@ -297,11 +258,10 @@ def search_delays(
         example = hypothesis_seed(seed)(example)
     try:
         example()
-    except Exception as exc:
+    except Exception:
         # `_Manifested`, or Hypothesis' `FlakyFailure` when a GPU run did not manifest again on replay:
         # either way the runs that did are recorded, and the k-of-k confirmation says how reliable it is.
-        # Anything else (racefuzz's own error inside a run, a bad argument) is not a manifestation.
-        if not failures or not _only_manifestations(exc, _Manifested):
+        if not failures:
             raise
         fewest = min(len(delays) for delays, _ in failures)
         delays, divergence = [f for f in failures if len(f[0]) == fewest][-1]
@@ -348,6 +308,6 @@ def fuzz(
     result.examples = ran
     if divergence is not None:
         result.delays, result.divergence = delays, divergence
-        result.confirm_runs = confirm
-        result.confirmed = sum(attempt(delays) is not None for _ in range(confirm))
+        confirmation = confirm_k_of_k(lambda: attempt(delays) is not None, confirm)
+        result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
     return result

@@ -1,0 +1,175 @@
+"""Confirmation, one rule for every caller: a manifestation counts only when it shows in all k runs;
+anything less is flaky (its rate recorded), never a verdict. Happens-before verdicts need no runs.
+
+Each test here runs a caller of the rule -- the search's final re-check (`reproduces`), the minimizer, the
+trace's confirmation of a divergence -- with a run that manifests in only some of k runs, and checks the
+caller does not count it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from racefuzz import Schedule, find_races, simulate
+from racefuzz.designs import load_design
+from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
+from racefuzz.schedule import NO_DELAYS
+from racefuzz.search.minimize import minimize
+from racefuzz.search.outcome import judge, reproduces
+
+GLOBAL_WAR = load_design("global-war")
+# A post-launch-rewrite race (the reader's spin lets the rewrite clobber it) among other requests.
+WORKLOAD = Workload(
+    requests=(RequestSpec(0, 4, 64, (1, 1, 1), rewrite_at=(0,)), RequestSpec(2, 3, 64, (1, 1))),
+    iterations=4,
+    rows=2,
+)
+
+
+def _reader_spin(workload: Workload) -> Schedule:
+    (race, *_) = find_races(build_program(workload, GLOBAL_WAR.hooks))
+    return Schedule(read_spins={race.first.index: 3000.0})
+
+
+class EveryOtherRun:
+    """The simulator as an executor that honours the schedule on every other run only (the rest run
+    undelayed, clean): whatever it runs k >= 2 times manifests in some of the k runs but not all."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, program, schedule):
+        self.calls += 1
+        return simulate(program, schedule if self.calls % 2 else NO_DELAYS, record_timeline=False)
+
+
+def test_the_final_recheck_needs_the_corruption_in_every_fresh_run() -> None:
+    outcome = judge(WORKLOAD, GLOBAL_WAR, _reader_spin(WORKLOAD), simulate)
+    assert outcome.corruptions, "the schedule must manifest the race"
+    assert reproduces(outcome, simulate, 3), "a deterministic corruption reproduces 3 of 3"
+    flaky = EveryOtherRun()
+    assert not reproduces(outcome, flaky, 3), "manifested in 1-2 of 3 fresh runs: not reproduced"
+    assert flaky.calls >= 2
+
+
+def test_the_minimizer_keeps_no_candidate_that_fails_in_only_some_of_k_runs() -> None:
+    schedule = _reader_spin(WORKLOAD)
+    # Non-vacuous: with a run that manifests every time, the minimizer does simplify this failure.
+    small, shorter = minimize(WORKLOAD, schedule, GLOBAL_WAR, simulate, repeat=3)
+    assert (small, shorter) != (WORKLOAD, schedule)
+    # Every candidate now manifests in 1 or 2 of its 3 runs: none is a failure k of k, none is kept.
+    assert minimize(WORKLOAD, schedule, GLOBAL_WAR, EveryOtherRun(), repeat=3) == (WORKLOAD, schedule)
+
+
+# -- the trace: a divergence counts only confirmed k of k ------------------------------------------------
+
+
+@pytest.fixture
+def scripted_trace(monkeypatch):
+    """`racefuzz.trace.search.fuzz` as on a GPU, recorded on the CPU: the delay search "finds" a value
+    divergence at once, and the confirmation re-runs then diverge as `script` says (True: diverged)."""
+    pytest.importorskip("torch")
+    from racefuzz.trace import search as trace_search
+    from racefuzz.trace.oracle import Divergence
+
+    record_on_cpu = trace_search.run_once
+    script: list[bool] = []
+    judged: list[bool] = []
+    divergence = Divergence("value", None, "launch 3 stored other values (scripted)")
+
+    def judge_run(reference, run, ordinals):
+        diverged = script[len(judged)] if judged else True  # the first attempt is the search's
+        judged.append(diverged)
+        return divergence if diverged else None
+
+    def found_at_once(points, attempt, **_):
+        delays = [(*points[0], 5000.0)]
+        return delays, attempt(delays), 1
+
+    monkeypatch.setattr(trace_search, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(trace_search, "run_once", lambda step, device, **options: record_on_cpu(step, "cpu", **options))
+    monkeypatch.setattr(trace_search, "judge_run", judge_run)
+    monkeypatch.setattr(trace_search, "search_delays", found_at_once)
+    return script, judged
+
+
+@pytest.mark.parametrize("script", [[False, False, False], [True, False, True], [True, True, False]])
+def test_a_trace_divergence_confirmed_fewer_than_k_of_k_is_flaky_not_a_race(scripted_trace, script) -> None:
+    from racefuzz.trace.example import synced_step
+    from racefuzz.trace.report import render
+    from racefuzz.trace.search import fuzz
+
+    scripted, judged = scripted_trace
+    scripted[:] = [True, *script]  # `judge_run` skips index 0, the search's own attempt
+    result = fuzz(synced_step, confirm=3)
+    assert len(judged) == 4, "one search attempt and three confirmation runs"
+    assert result.races == [] and result.divergence is not None
+    assert (result.confirmed, result.confirm_runs) == (sum(script), 3)
+    assert not result.racy, f"a divergence confirmed {sum(script)} of 3 is not a race"
+    text = render(result)
+    assert "no race" in text and f"confirmed in {sum(script)}/3 re-run(s)" in text and "flaky" in text
+
+
+def test_a_trace_divergence_confirmed_k_of_k_is_a_race(scripted_trace) -> None:
+    from racefuzz.trace.example import synced_step
+    from racefuzz.trace.search import fuzz
+
+    scripted, _ = scripted_trace
+    scripted[:] = [True, True, True, True]
+    result = fuzz(synced_step, confirm=3)
+    assert result.races == [] and (result.confirmed, result.confirm_runs) == (3, 3) and result.racy
+
+
+def test_the_trace_command_exits_0_not_1_on_a_divergence_confirmed_0_of_3(scripted_trace, tmp_path, capsys) -> None:
+    import argparse
+
+    from racefuzz.commands.trace import add_parser, trace_command
+
+    parser = argparse.ArgumentParser(prog="racefuzz")
+    add_parser(lambda name, help: parser.add_subparsers(dest="command").add_parser(name, help=help))
+    scripted, _ = scripted_trace
+    scripted[:] = [True, False, False, False]
+    code = trace_command(
+        parser.parse_args(["trace", "racefuzz.trace.example:synced_step", "--report-dir", str(tmp_path)])
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "no race" in out and "confirmed in 0/3 re-run(s)" in out
+
+
+# -- the rule itself -------------------------------------------------------------------------------------
+
+
+def test_confirm_counts_a_manifestation_only_k_of_k() -> None:
+    from racefuzz.confirm import Confirmation, confirm
+
+    outcomes = iter([True, False, True, True])
+    flaky = confirm(lambda: next(outcomes), 4)
+    assert flaky == Confirmation(3, 4) and not flaky.confirmed and flaky.flaky and str(flaky) == "3/4"
+    assert confirm(lambda: True, 3) == Confirmation(3, 3) and confirm(lambda: True, 3).confirmed
+    never = confirm(lambda: False, 3)
+    assert never == Confirmation(0, 3) and not never.confirmed and not never.flaky
+
+
+def test_confirm_counts_runs_already_seen_and_may_stop_at_the_first_miss() -> None:
+    from racefuzz.confirm import Confirmation, confirm
+
+    made: list[int] = []
+
+    def run() -> bool:
+        made.append(1)
+        return len(made) != 2  # the second fresh run misses
+
+    assert confirm(run, 5, seen=1) == Confirmation(4, 5) and len(made) == 4  # 1 seen + 4 made
+    made.clear()
+    stopped = confirm(run, 5, stop_at_miss=True)
+    assert stopped == Confirmation(1, 2) and not stopped.confirmed and len(made) == 2
+    assert confirm(lambda: False, 1, seen=1).confirmed  # k = 1: the run that manifested is the verdict
+
+
+@pytest.mark.parametrize("k, seen", [(0, 0), (3, 4), (3, -1)])
+def test_confirm_refuses_a_k_or_seen_out_of_range(k: int, seen: int) -> None:
+    from racefuzz.confirm import confirm
+
+    with pytest.raises(ValueError):
+        confirm(lambda: True, k, seen=seen)
