@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU acceptance run, as it produced docs/results/gpu-*-h200.txt and bench-gpu-h200.*:
+# The GPU acceptance run (its committed outputs: docs/results/run-gpu-h200/ and docs/results/search-gpu-h200/):
 # tests/cuda (litmus + overlap scenario), `racefuzz bench gpu`, and two `racefuzz run --backend cuda`.
 # Usage, from the repository root on a machine with a CUDA GPU: OUT=dir RACEFUZZ_COMMIT=sha bash tests/cuda/acceptance_h200.sh
 # Every step writes its raw output (with a header: date, GPU, versions) to $OUT; a failing step does not
 # stop the next. Each step has its own time limit so that one hang cannot eat the others' time.
 set -u -o pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
-OUT=${OUT:-docs/results}
+OUT=${OUT:-/tmp/racefuzz-acceptance-h200}  # copy a file worth keeping into its docs/results/<benchmark>/ folder
 COMMIT=${RACEFUZZ_COMMIT:-unknown}
 mkdir -p "$OUT"
 
