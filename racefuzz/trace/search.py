@@ -99,6 +99,53 @@ def load_step(spec: str) -> Step:
     return target
 
 
+class StepFailed(UserCodeError):
+    """The user's step raised (or called `sys.exit`): an error in user code (exit 4) naming the step and the
+    step's own frame; `exception` is what it raised."""
+
+    def __init__(self, step: str, exception: BaseException) -> None:
+        import traceback
+
+        from racefuzz.designs import one_line, user_frame
+
+        self.step = step
+        self.exception = exception
+        self.summary = f"{type(exception).__name__}: {one_line(exception)}{user_frame(exception)}"
+        super().__init__(f"the step {step} raised {self.summary}", "".join(traceback.format_exception(exception)))
+
+
+def raised_by_racefuzz(exc: BaseException) -> bool:
+    """Whether `exc` was raised by racefuzz's own Python code (a bug in the recorder), not by the step nor by
+    what racefuzz called on the step's behalf.
+
+    The innermost frame of its traceback decides: outside the package, the step's (or a library's) own;
+    inside it, racefuzz's own unless that frame was calling into C when the exception arose -- a torch op
+    the recorder forwards for the step (a shape error is the step's), whose failure has no Python frame of
+    its own."""
+    import dis
+
+    from racefuzz.designs import PACKAGE_DIR
+
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    if not tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        return False
+    at = next((i for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), None)
+    return at is None or not at.opname.startswith("CALL")
+
+
+def _only_manifestations(exc: BaseException, manifested: type[BaseException]) -> bool:
+    """Whether `exc` (what a Hypothesis test raised) is made of `manifested` failures only: the failure
+    itself, or Hypothesis' `FlakyFailure` group of them."""
+    if isinstance(exc, manifested):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and all(_only_manifestations(e, manifested) for e in inner)
+
+
 def resolve_device(device: str) -> str:
     """`auto` -> `cuda` if usable, else `cpu`; `cuda` that is not usable here -> `BackendUnavailable` (exit 2),
     before any of the user's code runs."""
@@ -123,13 +170,21 @@ def resolve_device(device: str) -> str:
 
 def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
     """Run `step` once under a fresh recorder (see `Recorder` for the options)."""
+    from racefuzz.errors import RacefuzzError
     from racefuzz.trace.capture import recording
     from racefuzz.trace.env import TraceEnv
 
     recorder = Recorder(device, **recorder_options)
     env = TraceEnv(recorder, device)
     with recording(recorder):
-        returned = step(env)
+        try:
+            returned = step(env)
+        except RacefuzzError:  # a misused TraceEnv, a bad watch name: their own kind, as they are
+            raise
+        except (Exception, SystemExit) as exc:  # sys.exit() in a step is the step's failure, not an exit code
+            if raised_by_racefuzz(exc):
+                raise  # a bug in the recorder, reached through the step's own call: an internal error
+            raise StepFailed(step_name(step), exc) from exc
     if returned is None:
         returned = {}
     elif not isinstance(returned, Mapping):
@@ -198,8 +253,8 @@ def run_with_delays(
             delays={(s, n): us for s, n, us in delays},
             snapshot_plan=plan,
         )
-    except Exception as exc:  # the user's code failed under a schedule: reported, not raised
-        return exc
+    except StepFailed as failed:  # the user's code failed under a schedule: a candidate, not an error
+        return failed.exception
 
 
 def judge_run(reference: RunRecord, run: RunRecord | BaseException, ordinals: set[int] | None) -> Divergence | None:
@@ -258,10 +313,11 @@ def search_delays(
         example = hypothesis_seed(seed)(example)
     try:
         example()
-    except Exception:
+    except Exception as exc:
         # `_Manifested`, or Hypothesis' `FlakyFailure` when a GPU run did not manifest again on replay:
         # either way the runs that did are recorded, and the k-of-k confirmation says how reliable it is.
-        if not failures:
+        # Anything else (racefuzz's own error inside a run, a bad argument) is not a manifestation.
+        if not failures or not _only_manifestations(exc, _Manifested):
             raise
         fewest = min(len(delays) for delays, _ in failures)
         delays, divergence = [f for f in failures if len(f[0]) == fewest][-1]
