@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
 from racefuzz.backends import Executor, StartedRun
+from racefuzz.confirm import confirm
 from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.hb import analysis
@@ -186,11 +187,12 @@ class Search:
                 gc.collect()
             if self.on_example is not None:
                 self.on_example(self.counted)
-        if corruptions and self.repeat > 1:
-            reproduced = 1 + sum(self._reproduces(example) for _ in range(self.repeat - 1))
-            if reproduced < self.repeat:
+        if corruptions:
+            # This run manifested; k - 1 more must (`racefuzz.confirm`), all of them made for the flaky rate.
+            confirmation = confirm(lambda: self._reproduces(example), self.repeat, seen=1)
+            if not confirmation.confirmed:
                 if not self.shrinking:
-                    self.flaky.append(Flaky(workload, schedule, reproduced, self.repeat))
+                    self.flaky.append(Flaky(workload, schedule, confirmation.reproduced, confirmation.runs))
                 corruptions = []
         if corruptions:
             if not self.shrinking:

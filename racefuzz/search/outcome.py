@@ -10,6 +10,7 @@ equals the sequential reference, `racefuzz.oracle`) and happens-before (no confl
 from __future__ import annotations
 
 from racefuzz.backends import Executor
+from racefuzz.confirm import confirm
 from racefuzz.designs import Design
 from racefuzz.hb import find_races
 from racefuzz.oracle import find_corruptions
@@ -30,11 +31,13 @@ def judge(workload: Workload, design: Design, schedule: Schedule | None, run: Ex
 
 
 def reproduces(outcome: Outcome, run: Executor, repeat: int) -> bool:
-    """Whether `outcome`'s corruption shows again in each of `repeat` fresh runs."""
-    return bool(outcome.corruptions) and all(
-        bool(find_corruptions(outcome.program, run(outcome.program, outcome.schedule).observations))
-        for _ in range(repeat)
-    )
+    """Whether `outcome`'s corruption shows again in each of `repeat` fresh runs (`racefuzz.confirm`: k of k;
+    it stops at the first fresh run that does not show it)."""
+
+    def corrupts() -> bool:
+        return bool(find_corruptions(outcome.program, run(outcome.program, outcome.schedule).observations))
+
+    return bool(outcome.corruptions) and confirm(corrupts, repeat, stop_at_miss=True).confirmed
 
 
 def explain(outcome: Outcome, backend: str) -> Outcome:
