@@ -37,6 +37,8 @@ def example_database(spec: str | None):
     from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
     spec = spec if spec is not None else os.environ.get("RACEFUZZ_DATABASE", DEFAULT_DATABASE)
+    if not spec.strip():  # not the working directory: Hypothesis' folders would land beside the user's files
+        raise InvalidArgument("--database: an empty value names no directory (a directory, none, or module:attr)")
     if spec.lower() == "none":
         return None
     if ":" in spec and not os.path.exists(spec):
@@ -46,8 +48,6 @@ def example_database(spec: str | None):
         except (ImportError, AttributeError) as exc:
             raise InvalidArgument(f"--database {spec}: {exc}") from None
         if not isinstance(obj, ExampleDatabase):
-    if not spec.strip():  # not the working directory: Hypothesis' folders would land beside the user's files
-        raise InvalidArgument("--database: an empty value names no directory (a directory, none, or module:attr)")
             raise InvalidArgument(f"--database {spec}: not a hypothesis.database.ExampleDatabase")
         return obj
     check_output_dir(spec, "--database")
@@ -208,7 +208,7 @@ def _stopped(stop: StopRequested, args: argparse.Namespace) -> ExitCode:
     if partial is not None and partial.found and partial.design.spec == args.design:  # type: ignore[attr-defined]
         replay_path = _save(partial, args, None)
         print(
-            f"RACE FOUND in design {partial.design.name} (not minimized: the search was stopped); "  # type: ignore[attr-defined]
+            f"RACE FOUND in design {label(partial.design)} (not minimized: the search was stopped); "  # type: ignore[attr-defined]
             f"replay {replay_path}"
         )
     if stop.reason == "timeout":
