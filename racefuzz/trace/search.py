@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.confirm import Confirmation
+from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
 from racefuzz.trace.convert import TraceRace, find_trace_races
 from racefuzz.trace.model import HOST, TraceLaunch
@@ -44,7 +46,8 @@ class TraceResult:
         races: the happens-before races of the reference trace.
         divergence: the value oracle's finding under `delays`, or None.
         delays: the shrunk delay points that made it manifest.
-        confirmed: how many of `confirm_runs` re-runs of `delays` manifested.
+        confirmed: how many of `confirm_runs` re-runs of `delays` manifested; the divergence counts only
+            when all did (`racefuzz.confirm`: k of k), else it is flaky, reported with its rate.
         examples: fuzzed runs made; seconds: the search's wall time.
     """
 
@@ -61,8 +64,21 @@ class TraceResult:
     searched: bool = True
 
     @property
+    def confirmation(self) -> Confirmation | None:
+        """The divergence's confirmation (None: nothing diverged)."""
+        return None if self.divergence is None else Confirmation(self.confirmed, self.confirm_runs)
+
+    @property
+    def manifested(self) -> bool:
+        """Whether the divergence counts: it showed again in every one of the k re-runs."""
+        confirmation = self.confirmation
+        return confirmation is not None and confirmation.confirmed
+
+    @property
     def racy(self) -> bool:
-        return bool(self.races) or self.divergence is not None
+        """A race: happens-before's (it does not depend on the schedule), or a divergence confirmed k of k. A
+        divergence confirmed fewer times is flaky: reported, not a race."""
+        return bool(self.races) or self.manifested
 
 
 def step_name(step: Step) -> str:
@@ -348,6 +364,6 @@ def fuzz(
     result.examples = ran
     if divergence is not None:
         result.delays, result.divergence = delays, divergence
-        result.confirm_runs = confirm
-        result.confirmed = sum(attempt(delays) is not None for _ in range(confirm))
+        confirmation = confirm_k_of_k(lambda: attempt(delays) is not None, confirm)
+        result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
     return result
