@@ -9,6 +9,9 @@ points with Hypothesis for a run whose values differ from the serialized referen
 
     def step(env):
         table = env.name(torch.zeros(8, 64, dtype=torch.int32, device=env.device), "req_to_token")
+        schedule, forward = env.stream("schedule"), env.stream("forward")
+        schedule.wait_stream(env.current_stream())  # after the table's allocation and zeroing
+        forward.wait_stream(env.current_stream())
         ...
         return {"kv_indices": kv_indices}
 
@@ -19,12 +22,16 @@ Importing this package imports neither torch nor Triton; recording does, lazily.
 
 from racefuzz.trace.annotations import WHOLE, KernelAccess, annotate, rows
 from racefuzz.trace.capture import cupy_kernel, launch_kernel
+from racefuzz.trace.env import TraceEnv, VirtualEvent, VirtualStream
 from racefuzz.trace.search import TraceResult, fuzz, load_step
 
 __all__ = [
     "WHOLE",
     "KernelAccess",
+    "TraceEnv",
     "TraceResult",
+    "VirtualEvent",
+    "VirtualStream",
     "annotate",
     "cupy_kernel",
     "fuzz",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from threading import get_ident
 from typing import Any, NamedTuple
 
-from racefuzz.trace import fastpath
+from racefuzz.trace import fastpath, indexing, torch_patches
 from racefuzz.trace.model import HOST
 from racefuzz.trace.recorder import Recorder, fast_constants
 
@@ -65,11 +65,13 @@ _STRIDED: Any = None
 """`torch.strided`, set when the mode class is made."""
 _set_eval_frame: Any = None
 """`torch._C._dynamo.eval_frame.set_eval_frame`, set when the mode class is made."""
+_DisableTorchDispatch: Any = None
+"""`torch._C._DisableTorchDispatch`, set when the mode class is made."""
 
 
 @functools.cache
 def _torch_mode_class() -> type:
-    global _Tensor, _STRIDED, _set_eval_frame, _MASK_DTYPES, _INPLACE_VIEW
+    global _Tensor, _STRIDED, _set_eval_frame, _MASK_DTYPES, _INPLACE_VIEW, _DisableTorchDispatch
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -78,6 +80,7 @@ def _torch_mode_class() -> type:
     _MASK_DTYPES = frozenset({torch.bool, torch.uint8})
     _INPLACE_VIEW = torch.Tag.inplace_view
     _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+    _DisableTorchDispatch = torch._C._DisableTorchDispatch
 
     class TraceMode(TorchDispatchMode):
         """Records every torch op as a launch on the current stream (see `racefuzz.trace.recorder`)."""
@@ -169,12 +172,15 @@ def _torch_mode_class() -> type:
                     if on_host and info.name != "_to_copy":
                         reads = []  # `zeros_like(t, device="cuda")`, `t.new_zeros(...)`: `t`'s shape, not its data
 
+            read_tensors = reads
+            if info.exact is not None:
+                reads, writes = self._exact(info, args, kwargs, reads, writes)
             fresh = None
             if outputs_written:
 
                 def fresh(out: Any) -> list[tuple[object, Any]]:
                     # An output on an input's storage is a view the schema does not declare (`_unsafe_view`).
-                    inputs = {t.untyped_storage().data_ptr() for t in reads}
+                    inputs = {t.untyped_storage().data_ptr() for t in read_tensors}
                     made = [
                         (f"out{i}", t)
                         for i, t in enumerate(_tensors(out))
@@ -196,6 +202,32 @@ def _torch_mode_class() -> type:
             return recorder.launch(
                 info.label, "torch", lambda: func(*args, **kwargs), reads, writes, outputs=fresh, host_sync=host_sync
             )
+
+        def _exact(
+            self, info: _OpInfo, args: tuple, kwargs: dict, reads: list[Any], writes: list[tuple[object, Any]]
+        ) -> tuple[list[Any], list[tuple[object, Any]]]:
+            """An index op's reads and writes with the byte sets its index values select
+            (`racefuzz.trace.indexing`) in place of the schema's whole views, where the recorder can read
+            those values (`Recorder.exact_indexing`); else, or if they cannot be worked out, the whole views,
+            noted in the trace (`Recorder.whole_view`)."""
+            recorder = self.recorder
+            if not recorder.exact_indexing:
+                recorder.whole_view(info.label)
+                return reads, writes
+            recorder.paused += 1  # the recorder's own reads of the index values (copies on a GPU)
+            try:
+                with _DisableTorchDispatch():
+                    found = info.exact(args, kwargs)
+            except Exception:  # an index the rules do not know: the op's own checks say more, when it runs
+                recorder.whole_view(info.label)
+                return reads, writes
+            finally:
+                recorder.paused -= 1
+            for region in found.reads.values():
+                reads = [region if t is region.tensor else t for t in reads]
+            for region in found.writes.values():
+                writes = [(slot, region if t is region.tensor else t) for slot, t in writes]
+            return reads, writes
 
         def _lifted(self, func: Any, args: tuple, kwargs: dict) -> Any:
             """`lift_fresh(t)` in a GPU run: torch made `t` from Python data (`torch.tensor`,
@@ -268,6 +300,7 @@ class _OpInfo(NamedTuple):
     allocates: bool  # one of those that returns a fresh allocation (`_ALLOCATING`)
     sync: Callable[[tuple, dict, Any, bool], str] | None  # (args, kwargs, out, on_gpu) -> `Recorder.launch`'s
     fast: bool  # what the C++ fast path records (`launch_op`'s case: no fresh outputs, no sync, an access)
+    exact: Callable[[tuple, dict], Any] | None  # an index op's byte sets from its index values (`indexing.RULES`)
     call: Callable[..., Any]  # the op's C++ callable (`OpOverload.__call__` is `self._op(*args, **kwargs)`)
 
 
@@ -305,9 +338,12 @@ def _op_info(func: Any) -> _OpInfo:
     fresh_outputs = _is_compute(func)
     not_access = name in _NOT_ACCESSES or _INPLACE_VIEW in getattr(func, "tags", ())
     # `lift_fresh` stands for a copy the mode did not see (`TraceMode._lifted`): the mode's, not the fast path's.
-    fast = not fresh_outputs and not not_access and sync is None and name != "lift_fresh"
+    # An index op's byte sets come from its index values, read in Python (`TraceMode._exact`): not the fast
+    # path's either, which records the schema's whole views.
+    exact = indexing.RULES.get(name)
+    fast = not fresh_outputs and not not_access and sync is None and name != "lift_fresh" and exact is None
     call = getattr(func, "_op", func)
-    info = _OpInfo(name, str(func), arguments, fresh_outputs, not_access, name in _ALLOCATING, sync, fast, call)
+    info = _OpInfo(name, str(func), arguments, fresh_outputs, not_access, name in _ALLOCATING, sync, fast, exact, call)
     _OP_INFO[func] = info
     return info
 
@@ -453,7 +489,7 @@ def _patch_cuda_api() -> None:
     event_base, stream_base = torch._C._CudaEventBase, torch._C._CudaStreamBase
     record, wait = event_base.record, event_base.wait
     event_synchronize, event_query = event_base.synchronize, event_base.query
-    stream_synchronize = stream_base.synchronize
+    stream_synchronize, stream_query = stream_base.synchronize, stream_base.query
     device_synchronize = torch.cuda.synchronize
     wait_stream = torch.cuda.Stream.wait_stream
     current_stream = torch.cuda.current_stream
@@ -464,7 +500,7 @@ def _patch_cuda_api() -> None:
         record(self, stream)
         recorder = _gpu_recorder()
         if recorder is not None:
-            recorder.on_record(recorder.event_name(self.cuda_event), recorder.stream_name(_raw_handle(stream)))
+            recorder.on_record(recorder.event_name(self.cuda_event, self), recorder.stream_name(_raw_handle(stream)))
 
     def event_wait(self: Any, stream: Any = None) -> None:
         if stream is None:
@@ -472,20 +508,20 @@ def _patch_cuda_api() -> None:
         wait(self, stream)
         recorder = _gpu_recorder()
         if recorder is not None and self.cuda_event:  # torch waits on no event before its first record
-            recorder.on_wait(recorder.event_name(self.cuda_event), recorder.stream_name(_raw_handle(stream)))
+            recorder.on_wait(recorder.event_name(self.cuda_event, self), recorder.stream_name(_raw_handle(stream)))
 
     def event_sync(self: Any) -> None:
         event_synchronize(self)
         recorder = _syncing_recorder()
         if recorder is not None and self.cuda_event:
-            recorder.on_event_sync(recorder.event_name(self.cuda_event))
+            recorder.on_event_sync(recorder.event_name(self.cuda_event, self))
 
     def event_done(self: Any) -> bool:
         # A query that answers True is an event sync: the host knows the recorded work has finished.
         done = event_query(self)
         recorder = _syncing_recorder() if done else None
         if recorder is not None and self.cuda_event:
-            recorder.on_event_sync(recorder.event_name(self.cuda_event))
+            recorder.on_event_sync(recorder.event_name(self.cuda_event, self))
         return done
 
     def stream_sync(self: Any) -> None:
@@ -493,6 +529,14 @@ def _patch_cuda_api() -> None:
         recorder = _syncing_recorder()
         if recorder is not None:
             recorder.on_stream_sync(recorder.stream_name(self.cuda_stream))
+
+    def stream_done(self: Any) -> bool:
+        # As `Event.query`: a stream query that answers True is a sync of the stream.
+        done = stream_query(self)
+        recorder = _syncing_recorder() if done else None
+        if recorder is not None:
+            recorder.on_stream_sync(recorder.stream_name(self.cuda_stream))
+        return done
 
     def synchronize(device: Any = None) -> None:
         device_synchronize(device)
@@ -532,6 +576,7 @@ def _patch_cuda_api() -> None:
         (torch.cuda.Event, "synchronize", event_sync),
         (torch.cuda.Event, "query", event_done),
         (torch.cuda.Stream, "synchronize", stream_sync),
+        (torch.cuda.Stream, "query", stream_done),
         (torch.cuda.Stream, "wait_stream", pooled_wait_stream),
         (torch.cuda, "synchronize", synchronize),
     ):
@@ -613,7 +658,7 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     recorder.active = True
     _ACTIVE.append(recorder)
     try:
-        with mode:
+        with torch_patches.installed(recorder.on_gpu), mode:
             if mode.fastpath is None:
                 yield recorder
             else:
@@ -659,6 +704,7 @@ def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str, bool] | Non
         info.fresh_outputs
         and not info.not_access
         and info.sync is None
+        and info.exact is None
         and bool(returns)
         and all(str(r.type) == "Tensor" for r in returns)
     )

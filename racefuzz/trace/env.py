@@ -5,6 +5,9 @@ torch's API: the recorder sees them through `torch.cuda`'s methods and names the
 CPU, for CI without a GPU, they are `VirtualStream` / `VirtualEvent` objects with the same methods: work is
 executed eagerly, but every launch is recorded on the stream the step made current, and every record, wait
 and sync is recorded as it would be on a GPU. So the happens-before verdict of a step is the same on both.
+Inside a CPU recording, code that asks torch for streams and events itself (`torch.cuda.Stream()`,
+`torch.cuda.current_stream()`, `torch.cuda.stream(s)`, `torch.get_device_module(device).Event()`,
+`t.record_stream(s)`: an engine's unmodified code) gets this run's virtual ones (`racefuzz.trace.torch_patches`).
 """
 
 from __future__ import annotations
@@ -38,9 +41,18 @@ class StreamRecorder(Protocol):
 
     def name_storage(self, tensor: Any, name: str) -> None: ...
 
+    def name_virtual_stream(self, stream: Any, name: str) -> None: ...
+
+    def given_event_name(self, name: str) -> str: ...
+
+    def name_event(self, event: Any, name: str) -> None: ...
+
 
 class VirtualStream:
-    """A stream of a CPU trace: records what a `torch.cuda.Stream` would report (see the module doc)."""
+    """A stream of a CPU trace: records what a `torch.cuda.Stream` would report (see the module doc).
+
+    Inside a CPU recording `torch.cuda.Stream(...)` and `torch.cpu.Stream(...)` make one of these too
+    (`racefuzz.trace.torch_patches`), named `stream#k` as a GPU run names a stream the step made itself."""
 
     def __init__(self, recorder: StreamRecorder, name: str) -> None:
         self._recorder = recorder
@@ -67,16 +79,22 @@ class VirtualStream:
     def synchronize(self) -> None:
         self.recorder.on_stream_sync(self.name)
 
+    def query(self) -> bool:
+        """True, and a sync of the stream: a CPU run has done the work, and on a GPU a query that answered
+        True told the host the same (the host may go on as after `synchronize()`)."""
+        self.recorder.on_stream_sync(self.name)
+        return True
+
     def __repr__(self) -> str:
         return f"VirtualStream({self.name!r})"
 
 
 class VirtualEvent:
-    """An event of a CPU trace."""
+    """An event of a CPU trace (`torch.cuda.Event(...)` inside a CPU recording makes one too)."""
 
-    def __init__(self, recorder: StreamRecorder) -> None:
+    def __init__(self, recorder: StreamRecorder, name: str | None = None) -> None:
         self._recorder = recorder
-        self.name = recorder.new_event_name()
+        self.name = recorder.new_event_name() if name is None else recorder.given_event_name(name)
 
     @property
     def recorder(self) -> StreamRecorder:
@@ -92,6 +110,18 @@ class VirtualEvent:
 
     def synchronize(self) -> None:
         self.recorder.on_event_sync(self.name)
+
+    def query(self) -> bool:
+        """True, and a sync of the event (as a GPU run records a query that answered True)."""
+        self.recorder.on_event_sync(self.name)
+        return True
+
+    def elapsed_time(self, end_event: VirtualEvent) -> float:
+        """0.0: a CPU trace has no device clock (timing is not part of the happens-before verdict)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"VirtualEvent({self.name!r})"
 
 
 def _live(recorder: StreamRecorder, what: str) -> StreamRecorder:
@@ -109,7 +139,7 @@ def _live(recorder: StreamRecorder, what: str) -> StreamRecorder:
 
 
 class TraceEnv:
-    """What racefuzz hands a step: `device`, `stream(name)`, `use(stream)`, `event()`, `synchronize()`,
+    """What racefuzz hands a step: `device`, `stream(name)`, `use(stream)`, `event(name)`, `synchronize()`,
     `name(tensor, name)`. A step written against it runs on the GPU and, recorded, on the CPU."""
 
     def __init__(self, recorder: StreamRecorder, device: str) -> None:
@@ -128,7 +158,9 @@ class TraceEnv:
             stream = torch.cuda.Stream()
             self._recorder.name_stream(stream.cuda_stream, name)
             return stream
-        return VirtualStream(self._recorder, name)
+        stream = VirtualStream(self._recorder, name)
+        self._recorder.name_virtual_stream(stream, name)
+        return stream
 
     def current_stream(self) -> Any:
         if self.on_gpu:
@@ -153,12 +185,17 @@ class TraceEnv:
         finally:
             self._recorder.virtual_current = previous
 
-    def event(self) -> Any:
+    def event(self, name: str | None = None) -> Any:
+        """A new event (a `torch.cuda.Event` on the GPU), called `name` in reports (else `event#k`; a name
+        given twice gets `#2`, `#3`: each event is its own)."""
         if self.on_gpu:
             import torch
 
-            return torch.cuda.Event()
-        return VirtualEvent(self._recorder)
+            event = torch.cuda.Event()
+            if name is not None:
+                self._recorder.name_event(event, name)
+            return event
+        return VirtualEvent(self._recorder, name)
 
     def synchronize(self) -> None:
         """`torch.cuda.synchronize()`."""

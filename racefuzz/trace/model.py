@@ -131,6 +131,9 @@ class Trace:
     streams: list[str] = field(default_factory=list)
     ops: list[TraceOp] = field(default_factory=list)
     assumed_kernels: list[str] = field(default_factory=list)
+    whole_view_indexing: list[str] = field(default_factory=list)
+    """Index ops recorded over their whole views: their index values could not be read where they are the
+    ones the op sees (a GPU run that is not serialized), or were of a kind racefuzz does not know."""
 
     @property
     def launches(self) -> list[TraceLaunch]:
@@ -155,6 +158,7 @@ def trace_to_json(trace: Trace) -> dict[str, object]:
         "storages": [vars(storage) for storage in trace.storages.values()],
         "streams": list(trace.streams),
         "assumed_kernels": list(trace.assumed_kernels),
+        "whole_view_indexing": list(trace.whole_view_indexing),
         "ops": ops,
     }
 
@@ -173,4 +177,10 @@ def trace_from_json(data: dict) -> Trace:
             fields["reads"], fields["writes"] = accesses(fields["reads"]), accesses(fields["writes"])
         ops.append(cls(**fields))
     storages = {int(s["key"]): Storage(**s) for s in data["storages"]}
-    return Trace(storages, list(data["streams"]), ops, list(data.get("assumed_kernels", ())))
+    return Trace(
+        storages,
+        list(data["streams"]),
+        ops,
+        list(data.get("assumed_kernels", ())),
+        list(data.get("whole_view_indexing", ())),
+    )

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from racefuzz.trace.annotations import WHOLE, annotation
+from racefuzz.trace.indexing import Region
 from racefuzz.trace.intervals import Interval, merge, view_intervals
 from racefuzz.trace.model import (
     HOST,
@@ -175,8 +176,9 @@ class Recorder:
         run_kernels: False records Triton / CuPy / `launch_kernel` launches from their annotations without
             running them: the happens-before trace of GPU code on a machine that cannot run its kernels
             (values are then meaningless; torch ops still run).
-        watch_frees: record the frees of storages allocated while recording (default: on the GPU; a CPU
-            run keeps every storage it saw alive instead, so that no address is reused within the run).
+        watch_frees: record the frees of storages allocated while recording (default: on, on both devices:
+            a CPU run models frees as a GPU run does, so the caching-allocator races are its verdict too;
+            off, a run keeps every storage it saw alive instead, so that no address is reused within it).
     """
 
     def __init__(
@@ -215,6 +217,9 @@ class Recorder:
             self.device_index = torch.cuda.current_device()
         self._event_names: dict[int, str] = {}
         self._events = 0
+        self._given_event_names: set[str] = set()
+        self._virtual_handles = 0
+        """How many virtual streams were named (their stand-in handles are -1, -2, ...: no CUDA handle is)."""
         self._launches_on: dict[str, int] = {}
         self._keys: dict[tuple[int, int], int] = {}
         self._epochs: dict[int, int] = {}
@@ -224,7 +229,7 @@ class Recorder:
         self._address_of: dict[int, int] = {}
         """`id(storage)` -> the address it is watched at."""
         self._self_ref = weakref.ref(self)
-        self.watch_frees = self.on_gpu if watch_frees is None else watch_frees
+        self.watch_frees = True if watch_frees is None else watch_frees
         self.active = False
         """Whether this recorder is recording now (set by `racefuzz.trace.capture.recording`)."""
         self._given_names: dict[int, str] = {}
@@ -236,6 +241,13 @@ class Recorder:
         # A proxy, not the recorder itself: no reference cycle, so a finished run's trace is freed when its
         # last user lets go of it instead of waiting (with every other run's) for a full collection.
         self.virtual_current = VirtualStream(weakref.proxy(self), "default")
+        self.virtual_default = self.virtual_current
+        """The default stream of a CPU run (`torch.cuda.default_stream()` inside a CPU recording)."""
+        self.exact_indexing = evaluate_annotations and (not self.on_gpu or serialize)
+        """Whether index ops (`index`, `index_select`, `gather`, `index_put_`, ...) get the byte sets their
+        index values select (`racefuzz.trace.indexing`): where the values are those the op sees in host
+        order, read without changing the run: a CPU run (eager) or a GPU reference run (serialized). Else
+        the op's whole views, said once in `Trace.whole_view_indexing`."""
 
     def fast_state(self, bail: object) -> tuple[Any, ...]:
         """What the C++ fast path (`racefuzz.trace._fastpath.cpp`, its `State` enum in this order) reads and
@@ -294,14 +306,42 @@ class Recorder:
             self._stream_names[handle] = f"stream#{len(self._stream_names)}"
         return self._stream_names[handle]
 
-    def event_name(self, handle: int) -> str:
+    def name_virtual_stream(self, stream: Any, name: str) -> None:
+        """A CPU run's `env.stream(name)`: counted among the named streams, as a GPU run counts the handle
+        it names, so that the streams a step makes with torch get the `stream#k` names a GPU run gives."""
+        self._virtual_handles += 1
+        self._stream_names[-self._virtual_handles] = name
+
+    def new_virtual_stream_name(self) -> str:
+        """The name of a stream the step made with torch's API in a CPU run (`stream#k`, as on a GPU)."""
+        self._virtual_handles += 1
+        return self.stream_name(-self._virtual_handles)
+
+    def event_name(self, handle: int, event: Any = None) -> str:
+        """The name of the CUDA event `handle`: the name `name_event` gave `event`, else `event#k`."""
         if handle not in self._event_names:
-            self._event_names[handle] = self.new_event_name()
+            given = getattr(event, "_racefuzz_name", None) if event is not None else None
+            self._event_names[handle] = given if given is not None else self.new_event_name()
         return self._event_names[handle]
 
     def new_event_name(self) -> str:
         self._events += 1
         return f"event#{self._events}"
+
+    def given_event_name(self, name: str) -> str:
+        """`name`, or `name#2`, `name#3`, ... if an event of this run has it already (a trace names an event
+        by its name: two events of one name would be taken for one)."""
+        unique, k = name, 1
+        while unique in self._given_event_names:
+            k += 1
+            unique = f"{name}#{k}"
+        self._given_event_names.add(unique)
+        return unique
+
+    def name_event(self, event: Any, name: str) -> None:
+        """Call the `torch.cuda.Event` `event` `name` (its CUDA handle exists only from its first record,
+        where `event_name` takes the name up)."""
+        event._racefuzz_name = self.given_event_name(name)
 
     def name_storage(self, tensor: Any, name: str) -> None:
         """Call `tensor`'s storage `name`; a 2-D tensor also gives the row length reports print with."""
@@ -393,7 +433,8 @@ class Recorder:
         self._watched[ptr] = (weakref.ref(storage, callback), identity)
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
-        if len(tensors) == 1:
+        """The accesses of `tensors`: views (their bytes), or `Region`s (the bytes an index op selected)."""
+        if len(tensors) == 1 and type(tensors[0]) is not Region:
             return self._access(tensors[0], origin)
         return self._merged_accesses(tensors, origin) if tensors else ()
 
@@ -401,6 +442,9 @@ class Recorder:
         """The byte intervals of `tensors`, merged per storage."""
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
+            if type(tensor) is Region:
+                by_storage.setdefault(self._storage(tensor.tensor, origin), []).extend(tensor.intervals)
+                continue
             key = self._storage(tensor, origin)
             size = tensor.element_size()
             if tensor.is_contiguous():
@@ -497,7 +541,7 @@ class Recorder:
         """Append the `TraceLaunch` of a launch that has run (its accesses from the views now), then take
         its snapshots."""
         record = self.record
-        if len(writes) == 1:
+        if len(writes) == 1 and type(writes[0][1]) is not Region:
             written = self._access(writes[0][1], kernel)
         else:
             written = self._accesses([view for _, view in writes], kernel)
@@ -535,7 +579,7 @@ class Recorder:
                 else:
                     plan_here = [Snapshot(s.slot, s.lo, s.hi, s.intervals) for s in self.snapshot_plan.get(ordinal, ())]
                 if plan_here:
-                    slots = dict(writes)
+                    slots = {slot: view.tensor if type(view) is Region else view for slot, view in writes}
                     taken = []
                     for snap in plan_here:
                         tensor = slots.get(snap.slot)
@@ -560,6 +604,9 @@ class Recorder:
         by_slot: dict[object, list[Interval]] = {}
         tensors: dict[object, Any] = {}
         for slot, view in writes:
+            if type(view) is Region:
+                by_slot.setdefault(slot, []).extend(view.intervals)
+                continue
             if view.is_contiguous():
                 start = view.storage_offset() * view.itemsize
                 intervals = [(start, start + view.nbytes)] if view.nbytes else []
@@ -584,6 +631,12 @@ class Recorder:
             torch.cuda._sleep(int(us * SPIN_CYCLES_PER_US))
         finally:
             self.paused -= 1
+
+    def whole_view(self, kernel: str) -> None:
+        """The index op `kernel` was recorded over its whole views (see `exact_indexing`); said once, in the
+        trace of a run that evaluates annotations (the one that is judged)."""
+        if self.evaluate_annotations and kernel not in self.record.trace.whole_view_indexing:
+            self.record.trace.whole_view_indexing.append(kernel)
 
     def assumed(self, kernel: str) -> None:
         if kernel not in self.record.trace.assumed_kernels:

@@ -44,6 +44,11 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
             "read/write sets assumed (every tensor argument read and written over its view; annotate them with "
             "racefuzz.trace.annotate): " + ", ".join(result.reference.trace.assumed_kernels)
         )
+    if result.reference.trace.whole_view_indexing:
+        lines.append(
+            "index ops recorded over their whole views (their index values could not be read where they are "
+            "the ones the op sees: a conservative set): " + ", ".join(result.reference.trace.whole_view_indexing)
+        )
     lines.append(f"happens-before: {len(races)} unordered conflicting pair(s)")
     for race in races[:MAX_RACES_SHOWN]:
         lines.append(race.explain())

@@ -1,0 +1,241 @@
+"""What a recording patches in torch besides its dispatch mode, for as long as it records.
+
+* **A CPU run's stream API.** An engine's own code asks torch for streams and events itself:
+  `torch.cuda.Stream()`, `torch.cuda.current_stream()`, `with torch.cuda.stream(s)`,
+  `torch.get_device_module(device).Event()` (which is `torch.cuda` or `torch.cpu`), `t.record_stream(s)`.
+  Inside a CPU recording these resolve to the run's virtual streams and events (`racefuzz.trace.env`), so
+  the engine's unmodified code is recorded on the CPU as it is on a GPU: `torch.cuda` and `torch.cpu`'s
+  `Stream`, `Event`, `current_stream`, `default_stream`, `stream`, `set_stream` and `synchronize`, and
+  `Tensor.record_stream` of a virtual stream (torch's own refuses anything but a `torch.Stream`; a CPU tensor
+  has no `record_stream` kernel either). `torch.Stream` / `torch.Event` (device-generic) and
+  `torch.accelerator` are not patched.
+* **The host's reads that dispatch no op.** `Tensor.tolist()` and `Tensor.numpy()` read a CPU tensor's
+  memory in C++ without an op the dispatch mode could see (`int()`, `float()`, `bool()`, `.item()` and
+  iteration go through `_local_scalar_dense` or views and are seen there). In a GPU run such a read of a
+  pinned tensor is the host's access (a non-blocking copy may still be writing it); a CUDA tensor's
+  `.tolist()` is a blocking copy torch dispatches (seen as one). In a CPU run every tensor stands for a
+  device tensor, so the read is what a GPU run records for a device tensor's `.tolist()`: a copy on the
+  current stream reading it, then the host's sync of that stream (as `.item()` is recorded there).
+
+Each patched callable checks that a recorder of the right kind records on the calling thread and else does
+what torch's does. Installed when the first recording starts, removed when the last one ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from threading import get_ident
+from typing import Any
+
+from racefuzz.trace.env import VirtualEvent, VirtualStream
+
+_ABSENT = object()
+
+
+class _Patches:
+    """One set of patches, installed while at least one recording that needs it is on."""
+
+    def __init__(self, install: Any) -> None:
+        self.install = install
+        self.depth = 0
+        self.originals: list[tuple[Any, str, Any]] = []
+        """`(owner, name, what owner.__dict__ had before, or _ABSENT)` of each installed patch."""
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        self.originals.append((owner, name, vars(owner).get(name, _ABSENT)))
+        setattr(owner, name, value)
+
+    @contextlib.contextmanager
+    def on(self) -> Iterator[None]:
+        if self.depth == 0:
+            import torch
+
+            self.install(self, torch)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                while self.originals:
+                    owner, name, before = self.originals.pop()
+                    if before is _ABSENT:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, before)
+
+
+HOST_READ_KERNELS = {"tolist": "Tensor.tolist (host read)", "numpy": "Tensor.numpy (host read)"}
+"""The kernel names of the host reads `Tensor.tolist` / `Tensor.numpy` of a pinned tensor (a GPU run)."""
+READ_BACK_KERNELS = {"tolist": "Tensor.tolist (device-to-host copy)", "numpy": "Tensor.numpy (device-to-host copy)"}
+"""Their kernel names in a CPU run: the copy a GPU run makes of a device tensor, on the current stream."""
+
+
+def _recorder() -> Any:
+    """The active recorder if it records on this thread and is not paused, else None."""
+    from racefuzz.trace.capture import active
+
+    recorder = active()
+    if recorder is None or recorder.paused or recorder.thread != get_ident():
+        return None
+    return recorder
+
+
+def _cpu_recorder() -> Any:
+    recorder = _recorder()
+    return recorder if recorder is not None and not recorder.on_gpu else None
+
+
+@contextlib.contextmanager
+def installed(on_gpu: bool) -> Iterator[None]:
+    """The patches one recording needs, for its duration: the host reads always, the stream API in a CPU
+    run (a GPU run's `torch.cuda` stays torch's, with `racefuzz.trace.capture`'s permanent patches)."""
+    with _HOST_READS.on():
+        if on_gpu:
+            yield
+        else:
+            with _CPU_STREAM_API.on():
+                yield
+
+
+def _install_stream_api(patches: _Patches, torch: Any) -> None:
+    for module in (torch.cuda, torch.cpu):
+        _install_module_stream_api(patches, module)
+
+
+def _install_module_stream_api(patches: _Patches, module: Any) -> None:
+    """`module`'s (`torch.cuda`'s or `torch.cpu`'s) stream and event API, virtual in a CPU recording."""
+    torch_stream, torch_event = module.Stream, module.Event
+    torch_current, torch_stream_context = module.current_stream, module.stream
+    torch_default = getattr(module, "default_stream", None)
+    torch_set_stream = getattr(module, "set_stream", None)
+    torch_synchronize = module.synchronize
+
+    class Stream(VirtualStream):
+        """`torch.cuda.Stream(...)` / `torch.cpu.Stream(...)`: a virtual stream in a CPU recording."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if _cpu_recorder() is None:
+                return torch_stream(*args, **kwargs)
+            return object.__new__(cls)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # device, priority: no meaning here
+            recorder = _cpu_recorder()
+            super().__init__(weakref.proxy(recorder), recorder.new_virtual_stream_name())
+
+    class Event(VirtualEvent):
+        """`torch.cuda.Event(...)` / `torch.cpu.Event(...)`: a virtual event in a CPU recording."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if _cpu_recorder() is None:
+                return torch_event(*args, **kwargs)
+            return object.__new__(cls)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # enable_timing, blocking, interprocess
+            super().__init__(weakref.proxy(_cpu_recorder()))
+
+    Stream.__qualname__, Event.__qualname__ = f"{module.__name__}.Stream", f"{module.__name__}.Event"
+
+    def current_stream(device: Any = None) -> Any:
+        recorder = _cpu_recorder()
+        return torch_current(device) if recorder is None else recorder.virtual_current
+
+    def default_stream(device: Any = None) -> Any:
+        recorder = _cpu_recorder()
+        return torch_default(device) if recorder is None else recorder.virtual_default
+
+    def stream(chosen: Any) -> Any:
+        recorder = _cpu_recorder()
+        if recorder is None or not isinstance(chosen, VirtualStream | None):
+            return torch_stream_context(chosen)
+        return _using(recorder, chosen)
+
+    def set_stream(chosen: Any) -> None:
+        recorder = _cpu_recorder()
+        if recorder is None or not isinstance(chosen, VirtualStream):
+            return torch_set_stream(chosen)
+        recorder.virtual_current = chosen
+        return None
+
+    def synchronize(device: Any = None) -> None:
+        recorder = _cpu_recorder()
+        if recorder is None:
+            return torch_synchronize(device)
+        recorder.on_device_sync()
+        return None
+
+    patches.set(module, "Stream", Stream)
+    patches.set(module, "Event", Event)
+    patches.set(module, "current_stream", current_stream)
+    patches.set(module, "stream", stream)
+    patches.set(module, "synchronize", synchronize)
+    if torch_default is not None:
+        patches.set(module, "default_stream", default_stream)
+    if torch_set_stream is not None:
+        patches.set(module, "set_stream", set_stream)
+
+
+@contextlib.contextmanager
+def _using(recorder: Any, chosen: VirtualStream | None) -> Iterator[None]:
+    """`torch.cuda.stream(chosen)` in a CPU recording (`None`: no change, as torch's)."""
+    if chosen is None:
+        yield
+        return
+    previous = recorder.virtual_current
+    recorder.virtual_current = chosen
+    try:
+        yield
+    finally:
+        recorder.virtual_current = previous
+
+
+def _install_tensor_methods(patches: _Patches, torch: Any) -> None:
+    tensor = torch.Tensor
+    torch_record_stream = tensor.record_stream
+
+    def record_stream(self: Any, stream: Any) -> None:
+        recorder = _cpu_recorder()
+        if recorder is None or not isinstance(stream, VirtualStream):
+            return torch_record_stream(self, stream)
+        recorder.on_record_stream(self)
+        return None
+
+    patches.set(tensor, "record_stream", record_stream)
+    for name in HOST_READ_KERNELS:
+        patches.set(tensor, name, _host_read(name, getattr(tensor, name)))
+
+
+def _host_read(name: str, torch_method: Any) -> Any:
+    kernel, read_back = HOST_READ_KERNELS[name], READ_BACK_KERNELS[name]
+
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = _recorder()
+        if recorder is None or recorder.opaque or self.is_meta or not self.numel():
+            return torch_method(self, *args, **kwargs)
+        if recorder.on_gpu:
+            if not self.is_cuda:
+                recorder.paused += 1  # `is_pinned` is an op the mode would see
+                try:
+                    pinned = self.is_pinned()
+                finally:
+                    recorder.paused -= 1
+                if pinned:
+                    recorder.host_access(kernel, [self], [])
+            return torch_method(self, *args, **kwargs)
+        return recorder.launch(
+            read_back, "torch", lambda: torch_method(self, *args, **kwargs), [self], [], host_sync=_after
+        )
+
+    read.__name__ = read.__qualname__ = name
+    read.__doc__ = torch_method.__doc__
+    return read
+
+
+def _after(_out: Any) -> str:
+    return "after"
+
+
+_HOST_READS = _Patches(_install_tensor_methods)
+_CPU_STREAM_API = _Patches(_install_stream_api)
