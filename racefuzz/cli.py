@@ -3,12 +3,13 @@
 Exit codes (`racefuzz.exitcodes.ExitCode`, listed by `racefuzz --help`): 0 no race found (and the negative
 control was caught), 1 a race was found (the report is on disk before it is printed), 2 usage or
 configuration error, 3 inconclusive (the negative control was not caught), 4 error in user code (a design
-hook), 5 internal error, 6 an example timed out, 130 interrupted. Errors are one line on stderr; `-v` adds
-the traceback. Arguments and the design are checked before anything heavy is imported (`racefuzz run` on a
-CPU machine imports neither torch nor CuPy).
+hook), 5 internal error, 6 an example timed out, 130 interrupted (Ctrl-C or SIGTERM). Errors are one line on
+stderr; `-v` adds the traceback. Arguments and the design are checked before anything heavy is imported
+(`racefuzz run` on a CPU machine imports neither torch nor CuPy).
 
-Only the console entry point (`racefuzz = "racefuzz.cli:main"`) and `python -m racefuzz.cli` import this
-module; the subcommands take their exit codes from `racefuzz.exitcodes`.
+Only the console entry point (`racefuzz.__main__`, which takes SIGINT and SIGTERM before it imports this
+module) and `python -m racefuzz.cli` import this module; the subcommands take their exit codes from
+`racefuzz.exitcodes`.
 """
 
 from __future__ import annotations
@@ -258,14 +259,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+HOLDING_COMMANDS = ("run", "replay")
+"""Commands that run with signals held (`racefuzz.watchdog.hold`) outside their search: their search stops at
+a checkpoint, and what it found is written and printed before the exit. The others, which have no
+checkpoints, are interrupted where they are."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `racefuzz` command (see the module docstring); returns the exit code.
+
+    SIGINT and SIGTERM go to `racefuzz.watchdog`'s handler for the whole call (the entry point,
+    `racefuzz.__main__`, installs it earlier still): held during start-up, and a signal received at any point
+    ends the command with 130 and one line, after a counterexample found was written and printed."""
+    from racefuzz import watchdog
+
+    with watchdog.handle_signals(), watchdog.hold():
+        code = _main(argv)
+        watchdog.pause_point("exiting")
+        if watchdog.signal_received() and code != ExitCode.INTERRUPTED:
+            print(watchdog.interrupted_line(), file=sys.stderr)  # the command finished before it saw the signal
+            code = ExitCode.INTERRUPTED
+        return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from racefuzz import watchdog
+
     try:
-        args = build_parser().parse_args(argv)  # imports numpy and Hypothesis: a Ctrl-C may land here
-    except KeyboardInterrupt:
-        print("racefuzz: interrupted", file=sys.stderr)
+        args = build_parser().parse_args(argv)  # imports numpy and Hypothesis: a signal here is held
+    except KeyboardInterrupt:  # the third, which is not held
+        print(watchdog.interrupted_line(), file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug in racefuzz while building the parser: one line, as below
+        print(f"racefuzz: internal error: {type(exc).__name__}: {exc}; a bug in racefuzz", file=sys.stderr)
+        return ExitCode.INTERNAL
+    if watchdog.signal_received():
+        print(watchdog.interrupted_line(), file=sys.stderr)
         return ExitCode.INTERRUPTED
     try:
-        return _dispatch(args)
+        if args.command in HOLDING_COMMANDS:
+            return _dispatch(args)
+        with watchdog.released():
+            return _dispatch(args)
     except RacefuzzError as exc:
         kind = "error in user code" if isinstance(exc, UserCodeError) else "error"
         details = exc.details if isinstance(exc, UserCodeError) else ""
@@ -275,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(details, file=sys.stderr, end="")
         return exc.exit_code
     except KeyboardInterrupt:
-        print("racefuzz: interrupted", file=sys.stderr)
+        print(watchdog.interrupted_line(), file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # a bug in racefuzz: say so in one line, the traceback with -v
         message = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())

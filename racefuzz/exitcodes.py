@@ -9,7 +9,7 @@
 | 4 | `USER_CODE` | the user's code failed: a design hook raised, has the wrong signature, or misused the device API |
 | 5 | `INTERNAL` | a bug in racefuzz: an unexpected exception (its traceback with `-v`) |
 | 6 | `TIMEOUT` | one example ran past `--example-timeout` (a hung hook, simulator example or GPU kernel) |
-| 130 | `INTERRUPTED` | Ctrl-C; a counterexample already found is written first |
+| 130 | `INTERRUPTED` | Ctrl-C (SIGINT) or SIGTERM; a counterexample already found is written and printed first |
 
 Nothing but a race exits 1. The pytest plugin's failures carry the same kinds (`racefuzz.testing`).
 
@@ -43,6 +43,6 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.USER_CODE: "error in user code: a design hook raised or misused the device API (-v: traceback)",
     ExitCode.INTERNAL: "internal error: a bug in racefuzz (-v: traceback)",
     ExitCode.TIMEOUT: "an example ran past --example-timeout (a hung hook, example or GPU kernel)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a counterexample already found is written first",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); a counterexample found is written and printed first",
 }
 """One line per code, for `racefuzz --help` and the README's table."""

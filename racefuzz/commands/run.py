@@ -21,7 +21,16 @@ from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
 from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
 from racefuzz.progress import progress
-from racefuzz.watchdog import StopRequested, WatchedExecutor, checkpoint, stop_requested, stoppable
+from racefuzz.watchdog import (
+    StopRequested,
+    WatchedExecutor,
+    checkpoint,
+    hold,
+    interrupted_line,
+    pause_point,
+    stop_requested,
+    stoppable,
+)
 
 DEFAULT_DATABASE = ".hypothesis/examples"
 """Where `racefuzz run` keeps failures by default: Hypothesis' own default example database directory."""
@@ -186,10 +195,13 @@ def run_command(args: argparse.Namespace) -> ExitCode:
             f"RACE FOUND in design {label(design)} after {result.first_detection_example} example(s); "
             f"report in {replay_path.with_suffix('.txt')}"
         )
-        return ExitCode.INTERRUPTED if stopped else ExitCode.RACE
+        if stopped or stop_requested():  # a signal during the search's last steps or while writing
+            print(interrupted_line(), file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        return ExitCode.RACE
     json_ok = _write_json(args, report)
     if stopped:
-        print("racefuzz: interrupted", file=sys.stderr)
+        print(interrupted_line(), file=sys.stderr)
         return ExitCode.INTERRUPTED
     if control is not None and not control.found:
         print(
@@ -214,30 +226,34 @@ def _stopped(stop: StopRequested, args: argparse.Namespace) -> ExitCode:
     if stop.reason == "timeout":
         print(f"racefuzz: error: {stop.detail}", file=sys.stderr)
         return ExitCode.TIMEOUT
-    print("racefuzz: interrupted", file=sys.stderr)
+    print(interrupted_line(), file=sys.stderr)
     return ExitCode.INTERRUPTED
 
 
 def _save(result, args: argparse.Namespace, report: dict[str, object] | None) -> Path:
     """Write the counterexample (replay file first) and print its report; to a temporary directory if
-    `--report-dir` cannot be written after all."""
+    `--report-dir` cannot be written after all. Signals are held meanwhile (`racefuzz.watchdog.hold`): a
+    Ctrl-C or SIGTERM here lets the files be written and the report printed, then the run exits 130."""
     from racefuzz.report import save_counterexample
 
-    try:
-        replay_path, text, timeline = save_counterexample(result, args.seed, args.report_dir)
-    except OSError as exc:
-        elsewhere = fallback_dir()
-        print(
-            f"racefuzz: error: cannot write to --report-dir {args.report_dir} ({exc.strerror or exc}); "
-            f"the counterexample goes to {elsewhere}",
-            file=sys.stderr,
-        )
-        replay_path, text, timeline = save_counterexample(result, args.seed, elsewhere)
-    if report is not None:
-        report["replay_file"] = str(replay_path)
-    print(text)
-    for path in timeline:
-        print(f"  timeline: {path}")
+    with hold("stopping once the counterexample is written"):
+        pause_point("writing")
+        try:
+            replay_path, text, timeline = save_counterexample(result, args.seed, args.report_dir)
+        except OSError as exc:
+            elsewhere = fallback_dir()
+            print(
+                f"racefuzz: error: cannot write to --report-dir {args.report_dir} ({exc.strerror or exc}); "
+                f"the counterexample goes to {elsewhere}",
+                file=sys.stderr,
+            )
+            replay_path, text, timeline = save_counterexample(result, args.seed, elsewhere)
+        pause_point("written")
+        if report is not None:
+            report["replay_file"] = str(replay_path)
+        print(text)
+        for path in timeline:
+            print(f"  timeline: {path}")
     return replay_path
 
 
