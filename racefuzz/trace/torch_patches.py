@@ -5,9 +5,9 @@
   `torch.get_device_module(device).Event()` (which is `torch.cuda` or `torch.cpu`), `t.record_stream(s)`.
   Inside a CPU recording these resolve to the run's virtual streams and events (`racefuzz.trace.env`), so
   the engine's unmodified code is recorded on the CPU as it is on a GPU: `torch.cuda` and `torch.cpu`'s
-  `Stream`, `Event`, `current_stream`, `default_stream`, `stream`, `set_stream` and `synchronize`, and
-  `Tensor.record_stream` of a virtual stream (torch's own refuses anything but a `torch.Stream`; a CPU tensor
-  has no `record_stream` kernel either). `torch.Stream` / `torch.Event` (device-generic) and
+  `Stream`, `Event`, `current_stream`, `default_stream`, `stream`, `StreamContext`, `set_stream` and
+  `synchronize`, and `Tensor.record_stream` of a virtual stream (torch's own refuses anything but a
+  `torch.Stream`; a CPU tensor has no `record_stream` kernel either). `torch.Stream` / `torch.Event` (device-generic) and
   `torch.accelerator` are not patched.
 * **The host's reads that dispatch no op.** `Tensor.tolist()` and `Tensor.numpy()` read a CPU tensor's
   memory in C++ without an op the dispatch mode could see (`int()`, `float()`, `bool()`, `.item()` and
@@ -109,6 +109,7 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
     """`module`'s (`torch.cuda`'s or `torch.cpu`'s) stream and event API, virtual in a CPU recording."""
     torch_stream, torch_event = module.Stream, module.Event
     torch_current, torch_stream_context = module.current_stream, module.stream
+    torch_context_class = module.StreamContext
     torch_default = getattr(module, "default_stream", None)
     torch_set_stream = getattr(module, "set_stream", None)
     torch_synchronize = module.synchronize
@@ -146,11 +147,33 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
         recorder = _cpu_recorder()
         return torch_default(device) if recorder is None else recorder.virtual_default
 
+    class StreamContext:
+        """`torch.cuda.StreamContext(s)` / `torch.cuda.stream(s)` of a virtual stream: `s` current inside
+        (torch's would do nothing without a GPU); re-enterable, as a context kept and entered each step."""
+
+        def __new__(cls, chosen: Any) -> Any:
+            if _cpu_recorder() is None or not isinstance(chosen, VirtualStream | None):
+                return torch_context_class(chosen)
+            return object.__new__(cls)
+
+        def __init__(self, chosen: Any) -> None:
+            self.stream = chosen
+            self._recorder = weakref.proxy(_cpu_recorder())
+            self._previous: list[Any] = []
+
+        def __enter__(self) -> None:
+            if self.stream is not None:
+                self._previous.append(self._recorder.virtual_current)
+                self._recorder.virtual_current = self.stream
+
+        def __exit__(self, *exc: object) -> None:
+            if self.stream is not None:
+                self._recorder.virtual_current = self._previous.pop()
+
     def stream(chosen: Any) -> Any:
-        recorder = _cpu_recorder()
-        if recorder is None or not isinstance(chosen, VirtualStream | None):
+        if _cpu_recorder() is None or not isinstance(chosen, VirtualStream | None):
             return torch_stream_context(chosen)
-        return _using(recorder, chosen)
+        return StreamContext(chosen)
 
     def set_stream(chosen: Any) -> None:
         recorder = _cpu_recorder()
@@ -170,25 +193,12 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
     patches.set(module, "Event", Event)
     patches.set(module, "current_stream", current_stream)
     patches.set(module, "stream", stream)
+    patches.set(module, "StreamContext", StreamContext)
     patches.set(module, "synchronize", synchronize)
     if torch_default is not None:
         patches.set(module, "default_stream", default_stream)
     if torch_set_stream is not None:
         patches.set(module, "set_stream", set_stream)
-
-
-@contextlib.contextmanager
-def _using(recorder: Any, chosen: VirtualStream | None) -> Iterator[None]:
-    """`torch.cuda.stream(chosen)` in a CPU recording (`None`: no change, as torch's)."""
-    if chosen is None:
-        yield
-        return
-    previous = recorder.virtual_current
-    recorder.virtual_current = chosen
-    try:
-        yield
-    finally:
-        recorder.virtual_current = previous
 
 
 def _install_tensor_methods(patches: _Patches, torch: Any) -> None:

@@ -420,3 +420,25 @@ def test_the_first_docs_example_reports_only_the_pair_it_is_about():
     assert [(r.first.stream, r.second.stream, r.where) for r in found] == [
         ("forward", "schedule", ("req_to_token[1, 0:8]",))
     ]
+
+
+def test_a_kept_stream_context_is_re_entered_each_step_as_sglangs_forward_stream_ctx():
+    """sglang keeps `device_module.StreamContext(forward_stream)` and enters it every iteration."""
+
+    def step(env):
+        device_module = torch.get_device_module(env.device)
+        forward = device_module.Stream()
+        context = device_module.StreamContext(forward)
+        streams = []
+        for _ in range(2):
+            with context:
+                streams.append(torch.cuda.current_stream())
+                with context:  # nested: the outer one is current again after
+                    pass
+                streams.append(torch.cuda.current_stream())
+            streams.append(torch.cuda.current_stream())
+        assert streams == [forward, forward, env.current_stream()] * 2
+        with device_module.StreamContext(None):  # None: no change, as torch's
+            assert torch.cuda.current_stream() is env.current_stream()
+
+    run_once(step, "cpu")
