@@ -66,8 +66,9 @@ def test_the_minimizer_keeps_no_candidate_that_fails_in_only_some_of_k_runs() ->
 
 @pytest.fixture
 def scripted_trace(monkeypatch):
-    """`racefuzz.trace.search.fuzz` as on a GPU, recorded on the CPU: the delay search "finds" a value
-    divergence at once, and the confirmation re-runs then diverge as `script` says (True: diverged)."""
+    """`racefuzz.trace.search.fuzz` as on a GPU, recorded on the CPU: the delay search makes one attempt at
+    the first launch, and the n-th attempt diverges as `script[n]` says (attempt 0 is the search's, the
+    rest are the confirmation's re-runs); `judged` lists the attempts made."""
     pytest.importorskip("torch")
     from racefuzz.trace import search as trace_search
     from racefuzz.trace.oracle import Divergence
@@ -78,13 +79,14 @@ def scripted_trace(monkeypatch):
     divergence = Divergence("value", None, "launch 3 stored other values (scripted)")
 
     def judge_run(reference, run, ordinals):
-        diverged = script[len(judged)] if judged else True  # the first attempt is the search's
+        diverged = script[len(judged)]
         judged.append(diverged)
         return divergence if diverged else None
 
     def found_at_once(points, attempt, **_):
         delays = [(*points[0], 5000.0)]
-        return delays, attempt(delays), 1
+        found = attempt(delays)
+        return (delays, found, 1) if found is not None else ([], None, 1)
 
     monkeypatch.setattr(trace_search, "resolve_device", lambda device: "cuda")
     monkeypatch.setattr(trace_search, "run_once", lambda step, device, **options: record_on_cpu(step, "cpu", **options))
@@ -100,7 +102,7 @@ def test_a_trace_divergence_confirmed_fewer_than_k_of_k_is_flaky_not_a_race(scri
     from racefuzz.trace.search import fuzz
 
     scripted, judged = scripted_trace
-    scripted[:] = [True, *script]  # `judge_run` skips index 0, the search's own attempt
+    scripted[:] = [True, *script]  # the search's attempt diverges, then the three re-runs as `script`
     result = fuzz(synced_step, confirm=3)
     assert len(judged) == 4, "one search attempt and three confirmation runs"
     assert result.races == [] and result.divergence is not None
