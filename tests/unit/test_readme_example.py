@@ -60,7 +60,8 @@ def test_the_readme_design_example_works_verbatim(tmp_path: Path) -> None:
     for command in commands:  # by module and by file path
         done = racefuzz_cli(command, project, entry)
         assert done.returncode == ExitCode.CLEAN, done.stdout + done.stderr
-        assert "negative control `none`: caught" in done.stdout and "no race found in design my-barrier" in done.stdout
+        spec = command[3]  # messages name the design as the user named it
+        assert "negative control `none`: caught" in done.stdout and f"no race found in design {spec}" in done.stdout
 
     # The variant the README describes: the barrier at loop_top races, after the number of examples it says.
     assert "def after_launch(self, ctx):" in design
@@ -71,7 +72,7 @@ def test_the_readme_design_example_works_verbatim(tmp_path: Path) -> None:
     assert racy.returncode == ExitCode.RACE, racy.stdout + racy.stderr
     claimed = re.search(r"`racefuzz run` exits 1 after (\d+) examples", README)
     assert claimed, "the README quotes how many examples the racy variant takes"
-    assert f"RACE FOUND in design my-barrier after {claimed.group(1)} example(s)" in racy.stdout
+    assert f"RACE FOUND in design {commands[0][3]} after {claimed.group(1)} example(s)" in racy.stdout
     assert "post_launch_rewrite" in racy.stdout
     replay_file = re.search(r"replay: racefuzz replay (\S+)", racy.stdout).group(1)  # type: ignore[union-attr]
     assert re.fullmatch(r"\.racefuzz/mypkg\.sync\.design-[0-9a-f]{10}\.json", replay_file)
