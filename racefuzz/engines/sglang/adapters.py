@@ -97,18 +97,23 @@ class Adapter:
 
         reset_context()
         publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
-        self.override_groups()
         try:
-            yield
+            with self.override_groups():
+                yield
         finally:
             reset_context()
 
-    def override_groups(self) -> None:
-        """Every process group of the parallel context as a world-size-1 mock (no torch.distributed)."""
-        from sglang.srt.runtime_context import _parallel_fields, get_parallel
+    def parallel_fields(self) -> frozenset[str]:
+        from sglang.srt.runtime_context import _parallel_fields
 
-        names = sorted(name for name in _parallel_fields() if name.endswith("_group"))
-        get_parallel().override_permanently(**{name: process_group(name) for name in names})
+        return _parallel_fields()
+
+    def override_groups(self) -> Any:
+        """Every process group of the parallel context as a world-size-1 mock (no torch.distributed)."""
+        from sglang.srt.runtime_context import get_parallel
+
+        names = sorted(name for name in self.parallel_fields() if name.endswith("_group"))
+        return get_parallel().override(**{name: process_group(name) for name in names})
 
     def init_args(self, sgl: Any) -> tuple[Any, ...]:
         port_args = mock.MagicMock(name="port_args")
@@ -240,7 +245,47 @@ class Adapter:
         )
 
 
-ADAPTERS: tuple[tuple[tuple[int, ...], type[Adapter]], ...] = ((( 0, 5, 23), Adapter),)
+class Adapter0515(Adapter):
+    """sglang 0.5.14 to 0.5.16: the server config is published by the legacy setter
+    (`server_args.set_global_server_args_for_scheduler`, 0.5.15 server_args.py:7108), the parallel
+    context has a fixed field set (`runtime_context._PARALLEL_FIELDS`), and `Scheduler.__init__` takes
+    the ranks as arguments."""
+
+    name = "0.5.14-0.5.16"
+    read_done_slot = ("war_fastpath_runner", "war_fastpath_read_done_event")
+
+    @contextlib.contextmanager
+    def published(self, server_args: Any) -> Iterator[None]:
+        from sglang.srt.runtime_context import reset_context
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+        from sglang.srt.distributed import parallel_state
+
+        reset_context()
+        set_global_server_args_for_scheduler(server_args)
+        names = ("_WORLD", "_TP", "_ATTN_TP", "_ATTN_CP", "_MOE_DP", "_MOE_EP", "_MOE_TP", "_PP")
+        try:
+            with contextlib.ExitStack() as stack:
+                for name in names:  # the module-level groups `get_tp_group()` & co. return
+                    if hasattr(parallel_state, name):
+                        stack.enter_context(mock.patch.object(parallel_state, name, process_group(name)))
+                stack.enter_context(self.override_groups())
+                yield
+        finally:
+            reset_context()
+
+    def parallel_fields(self) -> frozenset[str]:
+        from sglang.srt.runtime_context import _PARALLEL_FIELDS
+
+        return _PARALLEL_FIELDS
+
+    def init_args(self, sgl: Any) -> tuple[Any, ...]:
+        server_args, port_args = super().init_args(sgl)
+        # gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank, dp_rank
+        return (server_args, port_args, 0, 0, 0, 0, 0, 0, None)
+
+
+ADAPTERS: tuple[tuple[tuple[int, ...], type[Adapter]], ...] = (((0, 5, 14), Adapter0515), ((0, 5, 17), Adapter))
 
 
 def adapter_for(version_text: str) -> Adapter:

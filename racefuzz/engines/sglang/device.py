@@ -10,6 +10,9 @@ shim is only installed for CPU runs (`install(env)` patches `torch.get_device_mo
 from __future__ import annotations
 
 import contextlib
+import linecache
+import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,18 +38,32 @@ class _StreamContext:
         self._active.pop().__exit__(*exc)
 
 
-class DeviceModule:
-    """`torch.cuda`'s stream and event API over a `TraceEnv` (CPU run): streams are named in creation
-    order by what sglang makes them for, when the harness says (`names`), else `stream#k`."""
+_ASSIGNED = re.compile(r"(\w+)\s*(?::[^=]*)?=\s*[\w.]*Stream\(")
 
-    def __init__(self, env: Any, names: list[str] | None = None) -> None:
+
+def _assigned_name(depth: int) -> str | None:
+    """The name the caller's source line assigns the new stream to (`self.schedule_stream = ...Stream(`)."""
+    frame = sys._getframe(depth)
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    found = _ASSIGNED.search(line)
+    return found.group(1) if found else None
+
+
+class DeviceModule:
+    """`torch.cuda`'s stream and event API over a `TraceEnv` (CPU run). A stream is named after the
+    attribute sglang's line assigns it to (`self.schedule_stream = self.device_module.Stream(...)` makes
+    `schedule_stream`), else `stream#k`."""
+
+    def __init__(self, env: Any) -> None:
         self._env = env
-        self._names = list(names or [])
         self._count = 0
         self.streams: list[Any] = []
 
     def Stream(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
-        name = self._names.pop(0) if self._names else f"stream#{self._count}"
+        name = _assigned_name(2) or f"stream#{self._count}"
+        taken = {stream.name for stream in self.streams}
+        if name in taken:
+            name = f"{name}#{self._count}"
         self._count += 1
         stream = self._env.stream(name)
         self.streams.append(stream)

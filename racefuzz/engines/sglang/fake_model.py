@@ -21,12 +21,20 @@ the reads (what a backend with a read-done fence would do).
 
 from __future__ import annotations
 
+import os
+import sys
 from types import SimpleNamespace
 from typing import Any
 
 from racefuzz.trace.annotations import WHOLE, annotate, rows
 
 VOCAB = 128
+
+
+def _caller(frame: Any) -> str:
+    filename = frame.f_code.co_filename
+    at = filename.rfind(f"{os.sep}sglang{os.sep}srt{os.sep}")
+    return f"{filename[at + 1 :] if at >= 0 else filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
 def register_annotations() -> None:
@@ -193,6 +201,7 @@ class FakeTpWorker(_Strict):
         self.max_running_requests = pool_rows
         self.model_runner = FakeModelRunner(self, self.forward_stream)
         self.weight_load_time = 0.0
+        self.callers: set[str] = set()
         self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
 
     # -- what the scheduler's init reads --------------------------------------------------------------
@@ -243,6 +252,7 @@ class FakeTpWorker(_Strict):
         from racefuzz.trace.capture import launch_kernel
 
         self.forwards += 1
+        self.callers.add(_caller(sys._getframe(1)))
         req_to_token = self.req_to_token_pool.req_to_token
         req_pool_indices = batch.req_pool_indices
         seq_lens = batch.seq_lens

@@ -22,19 +22,33 @@ from typing import Any
 
 def _short(source: str) -> str:
     """`file:line (function)` with the file shortened to its path from `sglang/` (or `racefuzz/`)."""
-    for marker in (f"{os.sep}racefuzz{os.sep}engines{os.sep}", f"{os.sep}sglang{os.sep}"):
-        at = source.find(marker)
-        if at >= 0:
-            return source[at + 1 :]
-    return source
+    text = os.sep + source
+    at = text.find(f"{os.sep}racefuzz{os.sep}engines{os.sep}")
+    if at < 0:
+        at = text.rfind(f"{os.sep}sglang{os.sep}")
+    return text[at + 1 :] if at >= 0 else source
 
 
-def race_json(race: Any) -> dict[str, Any]:
+def race_json(race: Any, calls: list[tuple[int, str]], forward_callers: set[str]) -> dict[str, Any]:
+    from racefuzz.engines.sglang.scheduler import caller_chain
+
     a, b = race.first, race.second
+
+    def access(launch: Any) -> dict[str, Any]:
+        source = _short(launch.source)
+        described = {"kernel": launch.kernel, "stream": launch.stream, "source": source}
+        if launch.kernel == "attention_kv_indices":
+            described["called_from"] = sorted(forward_callers)
+        elif source.endswith("(write)"):
+            chain = caller_chain(calls, launch.index)
+            if chain:
+                described["called_from"] = [chain]
+        return described
+
     return {
         "kind": race.race.kind,
-        "first": {"kernel": a.kernel, "stream": a.stream, "source": _short(a.source)},
-        "second": {"kernel": b.kernel, "stream": b.stream, "source": _short(b.source)},
+        "first": access(a),
+        "second": access(b),
         "bytes": list(race.where),
         "missing_edge": race.race.missing_edge(),
     }
@@ -49,11 +63,10 @@ def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter
     start_profile, stop_profile = harness_scheduler.profile_functions(python_dir)
 
     def step(env: Any) -> None:
-        start_profile()
         try:
-            holder["run"] = harness_scheduler.build_and_run(env, sgl, adapter, workload, barrier)
+            holder["run"] = harness_scheduler.build_and_run(env, sgl, adapter, workload, barrier, start_profile)
         finally:
-            holder["functions"] = stop_profile()
+            holder["functions"], holder["chains"] = stop_profile()
 
     began = time.perf_counter()
     record = run_once(step, "cpu")
@@ -67,8 +80,9 @@ def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter
         ),
         "barrier": barrier,
         "iterations": run.iterations,
+        "forwards": run.forwards,
         "launches": len(record.launch_ops),
-        "races": [race_json(r) for r in races],
+        "races": [race_json(r, holder["chains"], run.forward_callers) for r in races],
         "sglang_functions": sorted(holder["functions"]),
         "seconds": round(time.perf_counter() - began, 3),
     }

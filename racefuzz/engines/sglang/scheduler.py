@@ -40,6 +40,8 @@ class LoopRun:
     iterations: int = 0
     finished: list[str] = field(default_factory=list)
     functions: set[str] = field(default_factory=set)
+    forward_callers: set[str] = field(default_factory=set)
+    forwards: int = 0
 
 
 class WorkloadReceiver:
@@ -83,7 +85,9 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def build_and_run(env: Any, sgl: Any, adapter: Adapter, workload: Workload, barrier: bool) -> LoopRun:
+def build_and_run(
+    env: Any, sgl: Any, adapter: Adapter, workload: Workload, barrier: bool, on_loop: Callable[[], None] = _noop
+) -> LoopRun:
     """Build a `Scheduler` with sglang's `__init__` (heavy steps replaced), run its `run_event_loop` on
     `workload` under the trace env, and return what ran. `barrier` False sets `SGLANG_ENABLE_WAR_BARRIER`
     off, which the version's own `_war_barrier_enabled` expression reads (on the CPU `is_cuda()` is False):
@@ -92,9 +96,7 @@ def build_and_run(env: Any, sgl: Any, adapter: Adapter, workload: Workload, barr
     os.environ["SGLANG_ENABLE_WAR_BARRIER"] = "1" if barrier else "0"
     from racefuzz.engines.sglang.device import DeviceModule, installed
 
-    # Streams in the order sglang's init makes them: the worker's forward stream, init_model_worker's
-    # schedule stream, init_overlap's copy stream.
-    device_module = sgl.device_module = DeviceModule(env, ["forward_stream", "schedule_stream", "copy_stream"])
+    device_module = sgl.device_module = DeviceModule(env)
     scheduler_cls = adapter.scheduler_class(sgl)
 
     worker_holder: dict[str, Any] = {}
@@ -103,10 +105,6 @@ def build_and_run(env: Any, sgl: Any, adapter: Adapter, workload: Workload, barr
         def init_model_config(self) -> None:  # the HF config comes from a model directory: faked
             self.model_config = fake_model_config(sgl, CONTEXT_LEN)
             self.dllm_config = None
-
-        def init_metrics_collector(self, *args: Any, **kwargs: Any) -> None:  # Prometheus: mocked
-            self.metrics_collector = mock.MagicMock(name="metrics_collector")
-            self.metrics_collector_context = mock.MagicMock(name="metrics_collector_context")
 
         def init_ipc_channels(self, *args: Any, **kwargs: Any) -> None:  # ZeroMQ sockets: mocked
             self.ipc_channels = mock.MagicMock(name="ipc_channels")
@@ -149,36 +147,67 @@ def build_and_run(env: Any, sgl: Any, adapter: Adapter, workload: Workload, barr
         # The engine's init ends with the device idle (its memory profiling, warmups and graph capture
         # synchronize it): what init enqueued on the default stream is done before the loop starts.
         env.synchronize()
+        on_loop()
         scheduler.run_event_loop()
+    worker = worker_holder["worker"]
+    run.forward_callers, run.forwards = set(worker.callers), worker.forwards
     return run
 
 
-def sglang_functions(root: str, events: Sequence[tuple[str, str]]) -> set[str]:
-    """`file:function` of the sglang functions in `events` (from a profile hook) under `root`."""
-    return {f"{file}:{name}" for file, name in events if file.startswith(root)}
-
-
-def profile_functions(root: str) -> tuple[Callable[[], None], Callable[[], set[str]]]:
-    """A `sys.setprofile` hook collecting every sglang function called (start, stop -> the set)."""
+def profile_functions(root: str) -> tuple[Callable[[], None], Callable[[], tuple[set[str], list[tuple[int, str]]]]]:
+    """A `sys.setprofile` hook collecting every sglang function called (`file:function`), and for each
+    call of a `write` method of sglang's memory pools, the trace position at the call and the chain of
+    sglang callers above it (the recorder keeps only a launch's innermost line; a race report names the
+    path that reached the writer: the last call before the launch). `start()`, then `stop()` ->
+    (functions, [(trace position, caller chain)])."""
     import sys
 
+    from racefuzz.trace.capture import active
+
     seen: set[tuple[str, str]] = set()
+    calls: list[tuple[int, str]] = []
     prefix = os.path.join(root, "sglang") + os.sep
+    cut = len(root) + 1
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if code.co_filename.startswith(prefix):
-                seen.add((code.co_filename[len(root) + 1 :], code.co_qualname if hasattr(code, "co_qualname") else code.co_name))
+        if event != "call":
+            return
+        code = frame.f_code
+        filename = code.co_filename
+        if not filename.startswith(prefix):
+            return
+        seen.add((filename, code.co_name))
+        if code.co_name == "write" and filename.endswith(("memory_pool.py", "allocation.py")):
+            links = []
+            caller = frame.f_back
+            while caller is not None and len(links) < 5:
+                name = caller.f_code.co_filename
+                if name.startswith(prefix) and not name.endswith("nvtx_utils.py"):
+                    links.append(f"{name[cut:]}:{caller.f_lineno} ({caller.f_code.co_name})")
+                caller = caller.f_back
+            recorder = active()
+            position = len(recorder.record.trace.ops) if recorder is not None else -1
+            calls.append((position, " <- ".join(links)))
 
     def start() -> None:
         sys.setprofile(hook)
 
-    def stop() -> set[str]:
+    def stop() -> tuple[set[str], list[tuple[int, str]]]:
         sys.setprofile(None)
-        return {f"{file}:{name}" for file, name in seen}
+        return {f"{file[cut:]}:{name}" for file, name in seen}, calls
 
     return start, stop
 
 
-__all__ = ["LoopRun", "Request", "WorkloadReceiver", "build_and_run"]
+def caller_chain(calls: list[tuple[int, str]], op_index: int) -> str | None:
+    """The caller chain of the last pool `write` call made before trace op `op_index`."""
+    chosen = None
+    for position, chain in calls:
+        if position <= op_index:
+            chosen = chain
+        else:
+            break
+    return chosen
+
+
+__all__ = ["LoopRun", "Request", "WorkloadReceiver", "build_and_run", "caller_chain"]
