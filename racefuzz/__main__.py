@@ -21,10 +21,11 @@ def main() -> int:
         caught.append(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, hold_early)  # left in place after the command: a signal at exit changes nothing
+        signal.signal(signum, hold_early)  # back in place after the command: a signal then still exits 130
+    from racefuzz.exitcodes import ExitCode
+
     try:
         from racefuzz import watchdog
-        from racefuzz.exitcodes import ExitCode
 
         with watchdog.handle_signals(held=caught), watchdog.hold():
             if watchdog.signal_received():  # before the command was even imported
@@ -32,10 +33,15 @@ def main() -> int:
                 return ExitCode.INTERRUPTED
             from racefuzz import cli
 
-            return cli.main()
+            caught.clear()
+            code = cli.main()
+        if caught and code != ExitCode.INTERRUPTED:  # after the command, before this returns
+            print("racefuzz: interrupted", file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        return code
     except KeyboardInterrupt:  # a signal racefuzz's handler did not hold (the third during start-up)
         print("racefuzz: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

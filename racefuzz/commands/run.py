@@ -254,6 +254,8 @@ def _save(result, args: argparse.Namespace, report: dict[str, object] | None) ->
         print(text)
         for path in timeline:
             print(f"  timeline: {path}")
+        if not any(path.suffix == ".png" for path in timeline):
+            print("  timeline: no PNG (matplotlib is not installed: pip install 'racefuzz[plot]')")
     return replay_path
 
 

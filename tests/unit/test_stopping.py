@@ -44,11 +44,20 @@ RACY_SEARCH = ["--backend", "sim", "--design", "none", "--no-control", "--exampl
 """A search that finds, shrinks and writes a race within seconds."""
 
 
+def _hide_matplotlib(root: Path) -> Path:
+    """A folder to put first on PYTHONPATH, where `import matplotlib` fails as if it were not installed."""
+    stub = root / "no-matplotlib"
+    (stub / "matplotlib").mkdir(parents=True, exist_ok=True)
+    (stub / "matplotlib" / "__init__.py").write_text('raise ImportError("hidden by the test")\n')
+    return stub
+
+
 def _start(args: list[str], cwd: Path, events: Path, **env: str) -> subprocess.Popen[str]:
     entry = cwd / "bin" / "racefuzz"
     entry.parent.mkdir(exist_ok=True)
     entry.write_text(ENTRY_POINT)
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    first = [env.pop("PYTHONPATH")] if "PYTHONPATH" in env else []
+    pythonpath = os.pathsep.join(filter(None, [*first, str(REPO), os.environ.get("PYTHONPATH")]))
     environment = {**os.environ, "PYTHONPATH": pythonpath, "RACEFUZZ_TEST_EVENTS": str(events)}
     environment.pop("RACEFUZZ_TEST_PAUSE", None)
     environment.update(env)
@@ -91,6 +100,7 @@ class Trial:
     args: tuple[str, ...]
     delay_s: float  # after the moment's line
     pause: str | None = None  # RACEFUZZ_TEST_PAUSE
+    png: bool = False  # matplotlib importable (else hidden: the timeline is written without its PNG)
 
 
 def _replay_files_named(out: str) -> list[Path]:
@@ -110,9 +120,12 @@ def _check_stopped_run(trial: Trial, out: str, err: str, code: int, reports: Pat
     assert sorted(p.resolve() for p in named) == [p.resolve() for p in on_disk], context  # and only those exist
     for path in named:
         assert path.with_suffix(".txt").exists(), context
+    for path in named:  # the timeline: its PNG written, or said to be skipped
+        png = path.parent / f"{path.stem}.png"
+        assert f"timeline: {png}" in out if trial.png else "timeline: no PNG (matplotlib is not installed" in out
+        assert png.exists() == trial.png, context
     if trial.moment == "writing":  # the run found a race before the signal: it must be there
         assert len(named) == 1 and "RACE FOUND in design none after" in out, context
-        assert "timeline: " in out, context  # the timeline was written, not skipped
 
 
 def _run_trial(index: int, trial: Trial, root: Path, sig: signal.Signals = signal.SIGINT) -> float:
@@ -121,6 +134,8 @@ def _run_trial(index: int, trial: Trial, root: Path, sig: signal.Signals = signa
     cwd.mkdir()
     events, reports = cwd / "events", cwd / "reports"
     env = {"RACEFUZZ_TEST_PAUSE": trial.pause} if trial.pause else {}
+    if not trial.png:
+        env["PYTHONPATH"] = str(_hide_matplotlib(root))
     process = _start(["run", *trial.args, "--report-dir", str(reports)], cwd, events, **env)
     line = {"start-up": "handlers", "search": "search", "writing": f"pause {trial.pause}"}[trial.moment]
     _wait_for(events, line, process)
@@ -133,14 +148,16 @@ def _run_trial(index: int, trial: Trial, root: Path, sig: signal.Signals = signa
 
 
 def _trials(rng: random.Random) -> list[Trial]:
-    trials = [Trial("start-up", tuple(LONG_SEARCH), rng.uniform(0.0, 0.5)) for _ in range(15)]
+    trials = [Trial("start-up", tuple(LONG_SEARCH), rng.uniform(0.0, 0.4)) for _ in range(15)]
     # In the negative control's search or the design's, race-free.
-    trials += [Trial("search", tuple(LONG_SEARCH), rng.uniform(0.0, 0.8)) for _ in range(20)]
+    trials += [Trial("search", tuple(LONG_SEARCH), rng.uniform(0.0, 0.6)) for _ in range(20)]
     # Searching, shrinking, writing or reporting a race, or done: the run waits before exiting until the signal
     # has come, so that a late one still lands in it.
-    trials += [Trial("search", tuple(RACY_SEARCH), rng.uniform(0.0, 2.0), "exiting") for _ in range(5)]
-    # While a race found is being written: the run waits before writing (or after, before printing).
-    trials += [Trial("writing", tuple(RACY_SEARCH), rng.uniform(0.0, 0.01), p) for p in ["writing", "written"] * 5]
+    trials += [Trial("search", tuple(RACY_SEARCH), rng.uniform(0.0, 1.5), "exiting") for _ in range(5)]
+    # While a race found is being written: the run waits before writing (or after, before printing). Most
+    # without matplotlib (a PNG costs a second of CPU), three with it.
+    pauses = ["writing", "written"] * 5
+    trials += [Trial("writing", tuple(RACY_SEARCH), rng.uniform(0.0, 0.01), p, png=i < 3) for i, p in enumerate(pauses)]
     rng.shuffle(trials)
     return trials
 
@@ -160,7 +177,7 @@ def test_sigterm_behaves_like_ctrl_c(tmp_path: Path) -> None:
     trials = [
         Trial("start-up", tuple(LONG_SEARCH), 0.0),
         Trial("search", tuple(LONG_SEARCH), 0.3),
-        Trial("writing", tuple(RACY_SEARCH), 0.0, "writing"),
+        Trial("writing", tuple(RACY_SEARCH), 0.0, "writing", png=True),
     ]
     for index, trial in enumerate(trials):
         _run_trial(index, trial, tmp_path, signal.SIGTERM)
