@@ -9,9 +9,9 @@ Run: PYTHONPATH=. python docs/results/scripts/trace_ops_reaching_the_mode_gpu.py
 import collections
 import sys
 
+from ci.bench.proof import micro_step, out_of_place_step
 from racefuzz.trace.capture import _torch_mode_class, recording
 from racefuzz.trace.env import TraceEnv
-from racefuzz.trace.proof import micro_step, out_of_place_step
 from racefuzz.trace.recorder import Recorder
 
 device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
@@ -29,7 +29,7 @@ mode_class.__torch_dispatch__ = counted
 steps = {"micro": lambda env: micro_step(env, 200), "out-of-place": lambda env: out_of_place_step(env, 200)}
 if device == "cuda":
     try:
-        from racefuzz.trace import sglang_overlap
+        from racefuzz.scenarios.sglang import real_kernels as sglang_overlap
 
         sglang_overlap.load_sglang()  # its modules loaded standalone, as the proof does
         steps["sglang global-war"] = sglang_overlap.step_for("global-war")

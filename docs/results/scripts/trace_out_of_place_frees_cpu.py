@@ -8,9 +8,9 @@ import gc
 import statistics
 import time
 
+from ci.bench.proof import _plain_env, out_of_place_step
 from racefuzz.trace.capture import recording
 from racefuzz.trace.env import TraceEnv
-from racefuzz.trace.proof import _plain_env, out_of_place_step
 from racefuzz.trace.recorder import Recorder
 
 OPS = 2000

@@ -11,9 +11,9 @@ import time
 
 import torch
 
+from ci.bench.proof import _empty_mode_class
 from racefuzz.trace.capture import recording
 from racefuzz.trace.env import TraceEnv
-from racefuzz.trace.proof import _empty_mode_class
 from racefuzz.trace.recorder import Recorder
 
 OPS = 4000

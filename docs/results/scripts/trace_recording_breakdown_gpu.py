@@ -12,9 +12,9 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ci.bench.proof import _plain_env, micro_step
 from racefuzz.trace.capture import _patch_cuda_api, recording
 from racefuzz.trace.env import TraceEnv
-from racefuzz.trace.proof import _plain_env, micro_step
 from racefuzz.trace.recorder import Recorder
 
 OPS, RUNS = 2000, 15

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 
-from racefuzz.trace import sglang_overlap
-from racefuzz.trace.proof import _plain_env
+from ci.bench.proof import _plain_env
+from racefuzz.scenarios.sglang import real_kernels as sglang_overlap
 from racefuzz.trace.search import run_once
 
 sglang_overlap.load_sglang()
