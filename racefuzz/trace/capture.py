@@ -223,11 +223,20 @@ def _torch_mode_class() -> type:
                 return reads, writes
             finally:
                 recorder.paused -= 1
+            exact_reads, exact_writes = list(reads), list(writes)
             for region in found.reads.values():
-                reads = [region if t is region.tensor else t for t in reads]
+                at = next((i for i, t in enumerate(exact_reads) if t is region.tensor), None)
+                if at is None:  # not one of the op's arguments: the rule is wrong, the whole views stay
+                    recorder.whole_view(info.label)
+                    return reads, writes
+                exact_reads[at] = region
             for region in found.writes.values():
-                writes = [(slot, region if t is region.tensor else t) for slot, t in writes]
-            return reads, writes
+                at = next((i for i, (_, t) in enumerate(exact_writes) if t is region.tensor), None)
+                if at is None:
+                    recorder.whole_view(info.label)
+                    return reads, writes
+                exact_writes[at] = (exact_writes[at][0], region)
+            return exact_reads, exact_writes
 
         def _lifted(self, func: Any, args: tuple, kwargs: dict) -> Any:
             """`lift_fresh(t)` in a GPU run: torch made `t` from Python data (`torch.tensor`,

@@ -207,11 +207,9 @@ def _take(args: tuple, kwargs: dict) -> Exact:
 
 def _masked_select(args: tuple, kwargs: dict) -> Exact:
     tensor, mask = args[0], _arg(args, kwargs, 1, "mask")
-    if tuple(mask.shape) != tuple(tensor.shape) and tuple(_torch().broadcast_shapes(mask.shape, tensor.shape)) != tuple(
-        tensor.shape
-    ):
-        raise ValueError("the tensor is broadcast to the mask")
-    return Exact({0: masked(tensor, mask)}, {})
+    shape = _torch().broadcast_shapes(tensor.shape, mask.shape)
+    # A tensor broadcast to the mask's shape: its elements read again (the region stays the argument's).
+    return Exact({0: Region(tensor, masked(tensor.expand(shape), mask).intervals)}, {})
 
 
 def _masked_fill(args: tuple, kwargs: dict) -> Exact:

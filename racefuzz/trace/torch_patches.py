@@ -7,8 +7,8 @@
   the engine's unmodified code is recorded on the CPU as it is on a GPU: `torch.cuda` and `torch.cpu`'s
   `Stream`, `Event`, `current_stream`, `default_stream`, `stream`, `StreamContext`, `set_stream` and
   `synchronize`, and `Tensor.record_stream` of a virtual stream (torch's own refuses anything but a
-  `torch.Stream`; a CPU tensor has no `record_stream` kernel either). `torch.Stream` / `torch.Event` (device-generic) and
-  `torch.accelerator` are not patched.
+  `torch.Stream`; a CPU tensor has no `record_stream` kernel either). `torch.Stream` / `torch.Event`
+  (device-generic) and `torch.accelerator` are not patched.
 * **The host's reads that dispatch no op.** `Tensor.tolist()` and `Tensor.numpy()` read a CPU tensor's
   memory in C++ without an op the dispatch mode could see (`int()`, `float()`, `bool()`, `.item()` and
   iteration go through `_local_scalar_dense` or views and are seen there). In a GPU run such a read of a

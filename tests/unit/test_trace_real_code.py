@@ -442,3 +442,28 @@ def test_a_kept_stream_context_is_re_entered_each_step_as_sglangs_forward_stream
             assert torch.cuda.current_stream() is env.current_stream()
 
     run_once(step, "cpu")
+
+
+def test_negative_indices_and_broadcast_masks_select_the_elements_torch_does():
+    def step(env, written_row: int, read):
+        table = env.name(torch.arange(64, dtype=torch.float32).reshape(8, 8), "req_to_token")
+        forward, schedule = env.stream("forward"), env.stream("schedule")
+        for stream in (forward, schedule):
+            stream.wait_stream(env.current_stream())
+        with env.use(forward):
+            out = read(table)
+        with env.use(schedule):
+            table[written_row, 0:2] = -1
+        env.synchronize()
+        return {"out": out}
+
+    last_row = lambda table: table[torch.tensor([-1])]  # noqa: E731 - row 7
+    assert where(lambda env: step(env, 6, last_row)) == []
+    assert where(lambda env: step(env, 7, last_row)) == [("WAR", ("req_to_token[7, 0:2]",))]
+    row_mask = torch.zeros(8, 1, dtype=torch.bool)
+    row_mask[5] = True
+    rows_selected = lambda table: table.masked_select(row_mask)  # noqa: E731 - broadcast over the columns
+    assert where(lambda env: step(env, 4, rows_selected)) == []
+    assert where(lambda env: step(env, 5, rows_selected)) == [("WAR", ("req_to_token[5, 0:2]",))]
+    column_of = lambda table: table[:, 1:2].expand(8, 4).masked_select(row_mask)  # noqa: E731 - a broadcast input
+    assert where(lambda env: step(env, 5, column_of)) == [("WAR", ("req_to_token[5, 1:2]",))]
