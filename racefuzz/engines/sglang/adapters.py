@@ -256,10 +256,12 @@ class Adapter0515(Adapter):
 
     @contextlib.contextmanager
     def published(self, server_args: Any) -> Iterator[None]:
-        from sglang.srt.runtime_context import reset_context
+        from sglang.srt import runtime_context
+        from sglang.srt.distributed import parallel_state
         from sglang.srt.server_args import set_global_server_args_for_scheduler
 
-        from sglang.srt.distributed import parallel_state
+        # 0.5.14 has no reset_context (its context holds only the parallel overrides and server args).
+        reset_context = getattr(runtime_context, "reset_context", lambda: None)
 
         reset_context()
         set_global_server_args_for_scheduler(server_args)

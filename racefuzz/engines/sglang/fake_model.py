@@ -155,13 +155,18 @@ def _ngram_embedding_manager(runner: FakeModelRunner) -> Any:
         from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import NgramEmbeddingManager
     except ImportError:
         return None
-    return NgramEmbeddingManager.from_model(
-        model=runner.model,
-        model_config=runner.model_config,
-        req_to_token_pool=runner.req_to_token_pool,
-        max_running_requests=runner.max_running_requests,
-        device=runner.device,
-    )
+    import inspect
+
+    arguments = {
+        "model": runner.model,
+        "model_config": runner.model_config,
+        "req_to_token_pool": runner.req_to_token_pool,
+        "max_running_requests": runner.max_running_requests,
+        "device": runner.device,
+        "server_args": runner.server_args,  # 0.5.16 takes it
+    }
+    accepted = inspect.signature(NgramEmbeddingManager.from_model).parameters
+    return NgramEmbeddingManager.from_model(**{k: v for k, v in arguments.items() if k in accepted})
 
 
 class FakeTpWorker(_Strict):
