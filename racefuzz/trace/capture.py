@@ -667,7 +667,7 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     recorder.active = True
     _ACTIVE.append(recorder)
     try:
-        with torch_patches.installed(recorder.on_gpu), mode:
+        with torch_patches.installed(recorder.on_gpu, active), mode:
             if mode.fastpath is None:
                 yield recorder
             else:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from threading import get_ident
 from typing import Any
 
@@ -73,11 +73,17 @@ READ_BACK_KERNELS = {"tolist": "Tensor.tolist (device-to-host copy)", "numpy": "
 """Their kernel names in a CPU run: the copy a GPU run makes of a device tensor, on the current stream."""
 
 
+def _no_recorder() -> Any:
+    return None
+
+
+_active: Callable[[], Any] = _no_recorder
+"""`racefuzz.trace.capture.active`, handed over by `installed` (this module is capture's: no import back)."""
+
+
 def _recorder() -> Any:
     """The active recorder if it records on this thread and is not paused, else None."""
-    from racefuzz.trace.capture import active
-
-    recorder = active()
+    recorder = _active()
     if recorder is None or recorder.paused or recorder.thread != get_ident():
         return None
     return recorder
@@ -89,9 +95,12 @@ def _cpu_recorder() -> Any:
 
 
 @contextlib.contextmanager
-def installed(on_gpu: bool) -> Iterator[None]:
+def installed(on_gpu: bool, active: Callable[[], Any]) -> Iterator[None]:
     """The patches one recording needs, for its duration: the host reads always, the stream API in a CPU
-    run (a GPU run's `torch.cuda` stays torch's, with `racefuzz.trace.capture`'s permanent patches)."""
+    run (a GPU run's `torch.cuda` stays torch's, with `racefuzz.trace.capture`'s permanent patches).
+    `active()` gives the recording's recorder (`racefuzz.trace.capture.active`)."""
+    global _active
+    _active = active
     with _HOST_READS.on():
         if on_gpu:
             yield
