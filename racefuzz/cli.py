@@ -27,9 +27,7 @@ from racefuzz.errors import InvalidArgument, RacefuzzError, UserCodeError
 from racefuzz.exitcodes import MEANINGS, ExitCode
 from racefuzz.outputs import DEFAULT_REPORT_DIR
 
-DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
-"""The per-example watchdog's default: far above any example's run (ms on the simulator, a GPU kernel compile
-on the first CUDA example takes seconds)."""
+DEFAULT_EXAMPLE_TIMEOUT_S = argtypes.DEFAULT_EXAMPLE_TIMEOUT_S
 
 BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu", "trace")
 MAX_BENCH_PROCESSES = 64
@@ -256,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     from racefuzz.commands.prove import add_parser as add_prove_parser
 
     add_prove_parser(command)
+    from racefuzz.commands.sglang import add_parser as add_sglang_parser
+
+    add_sglang_parser(command)
     return parser
 
 
@@ -352,6 +353,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from racefuzz.commands.prove import prove_command
 
         return prove_command(args)
+    if args.command == "sglang":
+        from racefuzz.commands.sglang import sglang_command
+
+        return sglang_command(args)
     if args.command == "bench":
         return _bench(args)
     raise AssertionError(f"unhandled command {args.command}")

@@ -9,8 +9,8 @@ naming what is missing (`check`).
 from __future__ import annotations
 
 import contextlib
-from array import array
 import re
+from array import array
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock

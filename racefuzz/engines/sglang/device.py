@@ -59,7 +59,7 @@ class DeviceModule:
         self._count = 0
         self.streams: list[Any] = []
 
-    def Stream(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+    def Stream(self, *args: Any, **kwargs: Any) -> Any:
         name = _assigned_name(2) or f"stream#{self._count}"
         taken = {stream.name for stream in self.streams}
         if name in taken:
@@ -69,13 +69,13 @@ class DeviceModule:
         self.streams.append(stream)
         return stream
 
-    def Event(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - torch's name
+    def Event(self, *args: Any, **kwargs: Any) -> Any:
         return self._env.event()
 
     def stream(self, stream: Any) -> _StreamContext:
         return _StreamContext(self._env, stream)
 
-    def StreamContext(self, stream: Any) -> _StreamContext:  # noqa: N802 - torch's name
+    def StreamContext(self, stream: Any) -> _StreamContext:
         return _StreamContext(self._env, stream)
 
     def current_stream(self, device: Any = None) -> Any:

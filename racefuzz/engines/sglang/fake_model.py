@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 from racefuzz.trace.annotations import WHOLE, annotate, rows
 
@@ -73,7 +73,7 @@ class FakeModelConfig:
     """The HF-derived model config: the fields the scheduler reads for a plain decoder; any other field is
     None (a feature that is off), and is listed in `asked` for the report."""
 
-    asked: set[str] = set()
+    asked: ClassVar[set[str]] = set()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -112,7 +112,7 @@ def fake_model_config(sgl: Any, context_len: int) -> FakeModelConfig:
 class FakeModelRunner:
     """`ModelRunner`'s fields the loop reads; any other is None (a feature that is off), listed in `asked`."""
 
-    asked: set[str] = set()
+    asked: ClassVar[set[str]] = set()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

@@ -91,7 +91,9 @@ def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="racefuzz.engines.sglang.harness")
     parser.add_argument("--python-dir", required=True)
-    parser.add_argument("--workload", help="a Workload as JSON (default: the fixed one)")
+    parser.add_argument(
+        "--workload", action="append", default=[], help="a Workload as JSON, repeatable (default: the fixed one)"
+    )
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--traceback", action="store_true")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
@@ -103,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
         from racefuzz.engines.sglang.workload import FIXED, Workload
 
-        workload = Workload.from_json(json.loads(args.workload)) if args.workload else FIXED
-        out["workload"] = workload.describe()
+        workloads = [Workload.from_json(json.loads(text)) for text in args.workload] or [FIXED]
         out["stubbed"] = stubs.install()
         sys.path.insert(0, args.python_dir)
         os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
@@ -120,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         sgl = SimpleNamespace(server_args=adapter.server_args(None), device_module=None)
         from racefuzz.engines.sglang.scheduler import CONTEXT_LEN  # noqa: F401
 
-        out["runs"] = [run_version(args.python_dir, workload, True, sgl, adapter)]
-        if not args.no_control:
-            out["runs"].append(run_version(args.python_dir, workload, False, sgl, adapter))
+        out["runs"] = []
+        for workload in workloads:
+            for barrier in (True, False) if not args.no_control else (True,):
+                run = run_version(args.python_dir, workload, barrier, sgl, adapter)
+                run["workload"] = workload.describe()
+                out["runs"].append(run)
         out["status"] = "ok"
     except Unsupported as exc:
         out["status"] = "unsupported"

@@ -19,7 +19,7 @@ the HF model config (`fake_model.fake_model_config`), and the process groups (mo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock

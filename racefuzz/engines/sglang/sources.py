@@ -155,7 +155,7 @@ def unpack(archive_path: Path, version: str) -> Path:
         try:
             archive.extractall(staging, filter="data")
         except TypeError:  # Python < 3.10.12 has no extraction filters
-            archive.extractall(staging)  # noqa: S202 - an archive the user made with `sglang pack`
+            archive.extractall(staging)
     if not is_source_tree(staging / "python"):
         shutil.rmtree(staging, ignore_errors=True)
         raise SourcesUnavailable(f"{archive_path} holds no python/{MARKER}: not an archive made by `sglang pack`")

@@ -116,8 +116,10 @@ def _refused(name: str) -> bool:
 
 class _StubMeta(type):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls.__module__ == "stub" and cls.__qualname__.startswith(("triton.runtime.", "triton.testing.")) and not (
-            len(args) == 1 and not kwargs and callable(args[0])
+        if (
+            cls.__module__ == "stub"
+            and cls.__qualname__.startswith(("triton.runtime.", "triton.testing."))
+            and not (len(args) == 1 and not kwargs and callable(args[0]))
         ):
             raise StubCalled(f"{cls.__qualname__} was called, and Triton is stubbed on the CPU harness")
         return super().__call__(*args, **kwargs)
@@ -293,8 +295,8 @@ def _settle_torch_before_triton_stub() -> None:
 
     torch_triton.has_triton_package()
     torch_triton.has_triton()
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
+    import torch._inductor.compile_fx
 
     del torch
 

@@ -1,0 +1,239 @@
+"""`racefuzz sglang`: run sglang's own overlap loop (its real `Scheduler`) on a fake model under
+`racefuzz.trace` on the CPU, version by version, and judge it by happens-before (`racefuzz.engines.sglang`).
+
+    racefuzz sglang --version 0.5.23 --version 0.5.15      # fetched versions (`racefuzz sglang fetch`)
+    racefuzz sglang --source ~/sglang/python               # a checkout (a pull request's tree)
+    racefuzz sglang fetch --version 0.5.23                 # pip download the wheel, unpack its sources
+    racefuzz sglang pack --version 0.5.23 --out s.tar.gz   # a slim archive of them (for an offline GPU host)
+    racefuzz sglang fetch --version 0.5.23 --archive s.tar.gz   # unpack such an archive into the cache
+
+Each version runs in its own subprocess (sglang's modules clash across versions), twice per workload:
+with the WAR barrier as the version computes it, and with it off (the negative control). Exit codes as
+the rest of racefuzz: 1 a race in some version, 0 none and every version's control caught, 3 none but
+some control not caught (inconclusive), 2 a bad argument, missing sources or a version the harness
+cannot drive (one line naming what is missing), 5 the harness failed on a version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from racefuzz.errors import InvalidArgument
+from racefuzz.exitcodes import ExitCode
+
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add the `sglang` subcommand through the CLI's subcommand factory."""
+    parser = command("sglang", "run sglang's own overlap loop (its Scheduler, a fake model) under racefuzz.trace")
+    parser.add_argument(
+        "action", nargs="?", choices=("run", "fetch", "pack"), default="run", help="default: run the harness"
+    )
+    parser.add_argument(
+        "--version", dest="versions", action="append", default=[], metavar="X", help="an sglang version (repeatable)"
+    )
+    parser.add_argument("--source", type=Path, help="an sglang checkout's python/ directory (or the checkout)")
+    parser.add_argument(
+        "--sglang-version", help="with --source: which adapter to use when the tree has no _version.py (e.g. 0.5.23)"
+    )
+    parser.add_argument(
+        "--workload",
+        default="fixed",
+        help="fixed (2 prefills, decodes, a finish and a row reuse), drawn (Hypothesis, --examples of them), "
+        "or a JSON file of one workload",
+    )
+    parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
+    parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
+    parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
+    parser.add_argument("--archive", type=Path, help="fetch: unpack this `sglang pack` archive instead of pip")
+    parser.add_argument("--out", type=Path, help="pack: the .tar.gz to write")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
+
+
+def sglang_command(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.engines.sglang import sources
+
+    for version in args.versions:
+        sources.check_version(version)
+    if args.action == "fetch":
+        return _fetch(args)
+    if args.action == "pack":
+        return _pack(args)
+    if not args.versions and args.source is None:
+        raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
+    if args.examples < 1 or args.examples > 10_000:
+        raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    workloads = _workloads(args)
+    targets: list[tuple[str, Path, str | None]] = []
+    if args.source is not None:
+        targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
+    for version in args.versions:
+        targets.append((version, sources.locate(version=version), version))
+    results = []
+    for label, python_dir, version_hint in targets:
+        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout)
+        result["label"] = label
+        results.append(result)
+        print(format_result(result))
+        sys.stdout.flush()
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return overall_exit(results, args.control)
+
+
+def _fetch(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.engines.sglang import sources
+
+    if len(args.versions) != 1 and args.archive is not None:
+        raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
+    if not args.versions:
+        raise InvalidArgument("racefuzz sglang fetch needs --version X (repeatable)")
+    for version in args.versions:
+        path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
+        print(f"sglang {version}: {path}")
+    return ExitCode.CLEAN
+
+
+def _pack(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.engines.sglang import sources
+
+    if args.out is None or (len(args.versions) != 1 and args.source is None):
+        raise InvalidArgument("racefuzz sglang pack needs one --version X (or --source DIR) and --out FILE.tar.gz")
+    out = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
+    print(f"{out}: {out.stat().st_size / 1e6:.1f} MB")
+    return ExitCode.CLEAN
+
+
+def _workloads(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from racefuzz.engines.sglang.workload import FIXED, Workload
+
+    if args.workload == "fixed":
+        return [FIXED.to_json()]
+    if args.workload == "drawn":
+        return [w.to_json() for w in draw_workloads(args.examples, args.seed)]
+    path = Path(args.workload)
+    if not path.is_file():
+        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {args.workload!r}")
+    try:
+        return [Workload.from_json(json.loads(path.read_text())).to_json()]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"--workload {path}: not a workload ({type(exc).__name__}: {exc})") from None
+
+
+def draw_workloads(count: int, seed: int) -> list[Any]:
+    """`count` workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from racefuzz.engines.sglang.workload import workloads
+
+    drawn: list[Any] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck), phases=None)
+    @given(workloads())
+    def collect(workload: Any) -> None:
+        if workload not in drawn:
+            drawn.append(workload)
+
+    collect()
+    return drawn[:count]
+
+
+def run_harness(
+    python_dir: Path, workloads: list[dict[str, Any]], control: bool, version: str | None, timeout: float
+) -> dict[str, Any]:
+    """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
+    command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
+    for workload in workloads:
+        command += ["--workload", json.dumps(workload)]
+    if not control:
+        command.append("--no-control")
+    if version:
+        command += ["--sglang-version", version]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {
+            "status": "error",
+            "error": f"the harness exited {done.returncode}: {tail}",
+            "python_dir": str(python_dir),
+        }
+    return json.loads(lines[-1])
+
+
+def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
+    if result.get("status") == "unsupported":
+        return ExitCode.USAGE
+    if result.get("status") != "ok":
+        return ExitCode.INTERNAL
+    runs = result["runs"]
+    if any(run["races"] for run in runs if run["barrier"]):
+        return ExitCode.RACE
+    if control and not any(run["races"] for run in runs if not run["barrier"]):
+        return ExitCode.INCONCLUSIVE
+    return ExitCode.CLEAN
+
+
+def overall_exit(results: list[dict[str, Any]], control: bool) -> ExitCode:
+    codes = [version_verdict(result, control) for result in results]
+    for code in (ExitCode.USAGE, ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
+        if code in codes:
+            return code
+    return ExitCode.CLEAN
+
+
+def format_result(result: dict[str, Any]) -> str:
+    label = result.get("label") or result.get("version")
+    if result.get("status") != "ok":
+        return f"sglang {label}: {result.get('status', 'error')}: {result.get('error')}"
+    runs = result["runs"]
+    barrier = [run for run in runs if run["barrier"]]
+    controls = [run for run in runs if not run["barrier"]]
+    races = [race for run in barrier for race in run["races"]]
+    caught = sum(1 for run in controls if run["races"])
+    functions = set().union(*(set(run["sglang_functions"]) for run in runs))
+    lines = [
+        f"sglang {label} (version {result.get('version')}, adapter {result.get('adapter')}): "
+        f"{len(barrier)} workload(s), {sum(r['iterations'] for r in barrier)} loop iterations, "
+        f"{sum(r['forwards'] for r in barrier)} forwards, {len(functions)} sglang functions ran in the loop; "
+        f"imports {result.get('import_seconds')} s, total {result.get('seconds')} s",
+    ]
+    if races:
+        lines.append(f"  RACE: {len(races)} happens-before race(s) with the WAR barrier as the version has it")
+        seen = set()
+        for race in races:
+            key = (race["kind"], race["first"]["source"], race["second"]["source"], tuple(race["bytes"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
+            for end in ("first", "second"):
+                access = race[end]
+                lines.append(f"    {end:6}: {access['kernel']} on {access['stream']}  {access['source']}")
+                for chain in access.get("called_from", [])[:2]:
+                    lines.append(f"            called from {chain}")
+    else:
+        lines.append("  clean: no happens-before race with the WAR barrier as the version has it")
+    if controls:
+        total = sum(len(run["races"]) for run in controls)
+        verdict = "caught" if caught else "NOT caught (inconclusive)"
+        lines.append(
+            f"  control (SGLANG_ENABLE_WAR_BARRIER=0, the barrier off): {verdict}: {total} race(s) in "
+            f"{caught} of {len(controls)} workload(s)"
+        )
+    return "\n".join(lines)
