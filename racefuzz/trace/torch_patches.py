@@ -18,7 +18,9 @@
   current stream reading it, then the host's sync of that stream (as `.item()` is recorded there).
 
 Each patched callable checks that a recorder of the right kind records on the calling thread and else does
-what torch's does. Installed when the first recording starts, removed when the last one ends.
+what torch's does; in a CPU recording a stream that is not one of the run's (made before it) is refused
+with a `UserCodeError` (exit 4) rather than switched behind the recorder's back. Installed when the first
+recording starts, removed when the last one ends.
 """
 
 from __future__ import annotations
@@ -161,8 +163,9 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
         (torch's would do nothing without a GPU); re-enterable, as a context kept and entered each step."""
 
         def __new__(cls, chosen: Any) -> Any:
-            if _cpu_recorder() is None or not isinstance(chosen, VirtualStream | None):
+            if _cpu_recorder() is None:
                 return torch_context_class(chosen)
+            _refuse_foreign(chosen, f"{module.__name__}.StreamContext")
             return object.__new__(cls)
 
         def __init__(self, chosen: Any) -> None:
@@ -180,15 +183,18 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
                 self._recorder.virtual_current = self._previous.pop()
 
     def stream(chosen: Any) -> Any:
-        if _cpu_recorder() is None or not isinstance(chosen, VirtualStream | None):
+        if _cpu_recorder() is None:
             return torch_stream_context(chosen)
+        _refuse_foreign(chosen, f"{module.__name__}.stream")
         return StreamContext(chosen)
 
     def set_stream(chosen: Any) -> None:
         recorder = _cpu_recorder()
-        if recorder is None or not isinstance(chosen, VirtualStream):
+        if recorder is None:
             return torch_set_stream(chosen)
-        recorder.virtual_current = chosen
+        _refuse_foreign(chosen, f"{module.__name__}.set_stream")
+        if chosen is not None:
+            recorder.virtual_current = chosen
         return None
 
     def synchronize(device: Any = None) -> None:
@@ -210,14 +216,28 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
         patches.set(module, "set_stream", set_stream)
 
 
+def _refuse_foreign(stream: Any, call: str) -> None:
+    """A CPU run records on its virtual streams only: a real stream (made before the run, or torch's own
+    object) would switch a stream the recorder does not see, and every launch after would be recorded on
+    the wrong one. A `UserCodeError` saying so instead."""
+    if stream is not None and not isinstance(stream, VirtualStream):
+        from racefuzz.errors import UserCodeError
+
+        raise UserCodeError(
+            f"{call}({stream!r}) in a CPU recording: only this run's streams can be made current there "
+            "(env.stream(name), or torch.cuda.Stream() / torch.get_device_module(device).Stream() inside the step)"
+        )
+
+
 def _install_tensor_methods(patches: _Patches, torch: Any) -> None:
     tensor = torch.Tensor
     torch_record_stream = tensor.record_stream
 
     def record_stream(self: Any, stream: Any) -> None:
         recorder = _cpu_recorder()
-        if recorder is None or not isinstance(stream, VirtualStream):
+        if recorder is None:
             return torch_record_stream(self, stream)
+        _refuse_foreign(stream, "Tensor.record_stream")
         recorder.on_record_stream(self)
         return None
 

@@ -467,3 +467,25 @@ def test_negative_indices_and_broadcast_masks_select_the_elements_torch_does():
     assert where(lambda env: step(env, 5, rows_selected)) == [("WAR", ("req_to_token[5, 0:2]",))]
     column_of = lambda table: table[:, 1:2].expand(8, 4).masked_select(row_mask)  # noqa: E731 - a broadcast input
     assert where(lambda env: step(env, 5, column_of)) == [("WAR", ("req_to_token[5, 1:2]",))]
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda stream: torch.cpu.stream(stream).__enter__(),
+        lambda stream: torch.cuda.StreamContext(stream),
+        lambda stream: torch.cuda.set_stream(stream),
+        lambda stream: torch.ones(2).record_stream(stream),
+    ],
+    ids=["stream", "StreamContext", "set_stream", "record_stream"],
+)
+def test_a_stream_from_outside_the_cpu_run_is_refused_saying_why(use):
+    from racefuzz.errors import UserCodeError
+
+    outside = torch.cpu.Stream()  # torch's own, made before the run
+
+    def step(env):
+        use(outside)
+
+    with pytest.raises(UserCodeError, match="only this run's streams can be made current"):
+        run_once(step, "cpu")
