@@ -3,7 +3,7 @@ and a check of it.
 
 For every mutant of `racefuzz.scenarios.sglang.mutants`, `EXPECTED` states two probabilities of one `search`
 (random delay strategy, the mutant's hazards, shrinking off), each measured over seeds 0-49 and committed
-as docs/results/mutant-rates-sim/rates.json (`python -m racefuzz.bench.mutants --rates 50 1000 PATH`):
+as docs/results/mutant-rates-sim/rates.json (`python -m ci.bench mutants --rates 50 1000 PATH`):
 
 * P(caught by any oracle within `detect_within` examples), and
 * P(a corruption manifests within `manifest_within` examples) (None: the mutant is caught by a
