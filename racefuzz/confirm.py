@@ -36,11 +36,6 @@ class Confirmation:
         """Whether every run manifested (and there was at least one): a manifestation that counts."""
         return self.runs > 0 and self.reproduced == self.runs
 
-    @property
-    def flaky(self) -> bool:
-        """Whether some runs manifested and others did not: recorded with its rate, not a verdict."""
-        return 0 < self.reproduced < self.runs
-
     def __str__(self) -> str:
         return f"{self.reproduced}/{self.runs}"
 
