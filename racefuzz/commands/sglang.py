@@ -131,7 +131,7 @@ def _workloads(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def draw_workloads(count: int, seed: int) -> list[Any]:
     """`count` workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
     from racefuzz.engines.sglang.workload import workloads
@@ -139,7 +139,13 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     drawn: list[Any] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck), phases=None)
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate,),
+    )
     @given(workloads())
     def collect(workload: Any) -> None:
         if workload not in drawn:

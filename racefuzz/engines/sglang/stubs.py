@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Iterable
@@ -301,13 +302,18 @@ def _settle_torch_before_triton_stub() -> None:
     del torch
 
 
+FORCE_ENV = "RACEFUZZ_SGLANG_STUB"
+"""Comma-separated packages to stub even when installed (besides Triton)."""
+
+
 def install(force: Iterable[str] = ("triton",)) -> list[str]:
     """Put a `StubFinder` first on `sys.meta_path` for every package of `STUBBED` that is not importable,
     and for those in `force` even when it is; returns the stubbed names (sorted). Call it in the harness's
     subprocess only: it changes imports for the whole process."""
     _settle_torch_before_triton_stub()
+    force = tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
     roots = []
-    for name in STUBBED:
+    for name in (*STUBBED, *(name for name in force if name not in STUBBED)):
         if name in force:
             roots.append(name)
             continue

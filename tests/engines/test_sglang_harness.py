@@ -1,0 +1,202 @@
+"""The sglang harness (`racefuzz.engines.sglang`): its sources, stubs and CLI on their own, and sglang's own
+overlap loop on 0.5.23 and 0.5.15 (the versions CPU CI fetches: `ci/cpu.sh`).
+
+The loop tests need the versions' sources in the cache (`racefuzz sglang fetch --version 0.5.23 --version
+0.5.15`); without them they skip, saying so. Each version runs in its own subprocess, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from racefuzz.engines.sglang import sources
+from racefuzz.exitcodes import ExitCode
+
+pytest.importorskip("torch")
+
+
+def _sources_or_skip(version: str) -> Path:
+    try:
+        return sources.locate(version=version)
+    except sources.SourcesUnavailable as exc:
+        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def loop_results() -> dict[str, dict]:
+    """0.5.23 and 0.5.15 on the fixed workload, barrier and control, run once for the module."""
+    from racefuzz.commands.sglang import run_harness
+    from racefuzz.engines.sglang.workload import FIXED
+
+    results = {}
+    for version in ("0.5.23", "0.5.15"):
+        path = _sources_or_skip(version)
+        results[version] = run_harness(path, [FIXED.to_json()], True, version, 600)
+    return results
+
+
+def _writes_by(race: dict, function: str) -> bool:
+    return any(function in chain for chain in race["second"].get("called_from", []))
+
+
+def test_0_5_23_is_clean_beside_a_caught_control(loop_results: dict[str, dict]) -> None:
+    from racefuzz.commands.sglang import version_verdict
+
+    result = loop_results["0.5.23"]
+    assert result["status"] == "ok", result.get("error")
+    barrier, control = result["runs"]
+    assert barrier["barrier"] and not control["barrier"]
+    assert barrier["forwards"] >= 4, "the loop ran too few forwards to mean anything"
+    assert barrier["races"] == []
+    # The control (the version's own _war_barrier_enabled, turned off) races: the harness can see the race.
+    assert control["races"], "the negative control was not caught"
+    assert all(race["kind"] == "WAR" for race in control["races"])
+    assert any(_writes_by(race, "cache_unfinished_req") or _writes_by(race, "checkpoint") for race in control["races"])
+    assert version_verdict(result, control=True) == ExitCode.CLEAN
+
+
+def test_0_5_15_has_the_post_launch_race_of_31687(loop_results: dict[str, dict]) -> None:
+    """0.5.15's barrier sits at the loop top, before run_batch: the prefill result's radix-cache rewrite
+    of its row (process_batch_result_prefill -> maybe_cache_unfinished_req -> cache_unfinished_req ->
+    ReqToTokenPool.write) runs on the schedule stream while the next forward reads the row."""
+    from racefuzz.commands.sglang import version_verdict
+
+    result = loop_results["0.5.15"]
+    assert result["status"] == "ok", result.get("error")
+    barrier = result["runs"][0]
+    assert barrier["barrier"]
+    assert barrier["races"], "0.5.15 ran clean: #31687's race was not found"
+    race = barrier["races"][0]
+    assert race["kind"] == "WAR"
+    assert race["first"]["stream"] == "forward_stream" and race["second"]["stream"] == "schedule_stream"
+    assert race["first"]["called_from"] == ["sglang/srt/managers/scheduler.py:3250 (run_batch)"]
+    assert race["second"]["source"] == "sglang/srt/mem_cache/memory_pool.py:271 (write)"
+    chain = race["second"]["called_from"][0]
+    assert "radix_cache.py:528 (cache_unfinished_req)" in chain
+    assert "batch_result_processor.py:242 (process_batch_result_prefill)" in chain
+    assert any(where.startswith("req_to_token[") for where in race["bytes"])
+    assert version_verdict(result, control=True) == ExitCode.RACE
+
+
+def test_the_loop_runs_sglangs_own_functions(loop_results: dict[str, dict]) -> None:
+    functions = set(loop_results["0.5.23"]["runs"][0]["sglang_functions"])
+    for name in (
+        "sglang/srt/managers/scheduler.py:event_loop_overlap",
+        "sglang/srt/managers/scheduler.py:run_batch",
+        "sglang/srt/managers/scheduler.py:_apply_war_barrier",
+        "sglang/srt/managers/scheduler.py:get_next_batch_to_run",
+        "sglang/srt/managers/schedule_batch.py:prepare_for_extend",
+        "sglang/srt/managers/schedule_batch.py:prepare_for_decode",
+        "sglang/srt/managers/overlap_utils.py:resolve_forward_inputs",
+    ):
+        assert name in functions, name
+
+
+# -- the pieces, without sglang ------------------------------------------------------------------------
+
+
+def test_locate_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path))
+    with pytest.raises(sources.SourcesUnavailable, match=r"racefuzz sglang fetch --version 0.5.99"):
+        sources.locate(version="0.5.99")
+    with pytest.raises(sources.SourcesUnavailable, match="not an sglang source tree"):
+        sources.locate(source=tmp_path)
+    with pytest.raises(Exception, match="not an sglang version"):
+        sources.check_version("latest")
+
+
+def test_pack_and_unpack_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "checkout" / "python"
+    (tree / "sglang/srt/managers").mkdir(parents=True)
+    (tree / "sglang/kernels/jit/include").mkdir(parents=True)  # an empty directory sglang checks for
+    (tree / sources.MARKER).write_text("# scheduler\n")
+    (tree / "sglang/srt/managers/data.bin").write_bytes(b"\0" * 100)  # not a .py file: left out
+    assert sources.locate(source=tree.parent) == tree.resolve()
+    archive = sources.pack(None, tmp_path / "s.tar.gz", source=tree)
+    with tarfile.open(archive) as packed:
+        names = packed.getnames()
+    assert "python/sglang/srt/managers/scheduler.py" in names
+    assert "python/sglang/kernels/jit/include" in names
+    assert not any(name.endswith("data.bin") for name in names)
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    unpacked = sources.unpack(archive, "0.5.99")
+    assert (unpacked / sources.MARKER).read_text() == "# scheduler\n"
+    assert (unpacked / "sglang/kernels/jit/include").is_dir()
+    assert sources.locate(version="0.5.99") == unpacked
+
+
+def test_a_stubbed_triton_kernel_refuses_to_launch() -> None:
+    code = (
+        "from racefuzz.engines.sglang import stubs\n"
+        "stubs.install()\n"
+        "import triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def kernel(x, BLOCK: tl.constexpr):\n"
+        "    pass\n"
+        "try:\n"
+        "    kernel[(1,)](0, BLOCK=4)\n"
+        "except stubs.StubCalled as exc:\n"
+        "    print('refused:', exc)\n"
+        "import torch.utils._triton as t\n"
+        "print('torch sees triton:', t.has_triton_package())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "refused: the Triton kernel kernel was launched" in done.stdout, done.stderr[-2000:]
+    assert "torch sees triton: False" in done.stdout
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "sglang", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args in ((), ("--version", "latest"), ("--version", "0.5.99"), ("--source", str(tmp_path))):
+        done = _cli(*args, env={sources.CACHE_ENV: str(tmp_path)})
+        assert done.returncode == ExitCode.USAGE, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_verdicts_map_to_exit_codes() -> None:
+    from racefuzz.commands.sglang import overall_exit
+
+    def result(barrier_races: int, control_races: int) -> dict:
+        race = {"kind": "WAR"}
+        return {
+            "status": "ok",
+            "runs": [
+                {"barrier": True, "races": [race] * barrier_races},
+                {"barrier": False, "races": [race] * control_races},
+            ],
+        }
+
+    assert overall_exit([result(0, 2)], control=True) == ExitCode.CLEAN
+    assert overall_exit([result(1, 2)], control=True) == ExitCode.RACE
+    assert overall_exit([result(0, 0)], control=True) == ExitCode.INCONCLUSIVE
+    assert overall_exit([result(0, 2), {"status": "unsupported", "error": "x"}], control=True) == ExitCode.USAGE
+    assert overall_exit([{"status": "error", "error": "x"}], control=True) == ExitCode.INTERNAL
+
+
+def test_workload_round_trips_and_draws() -> None:
+    from racefuzz.commands.sglang import draw_workloads
+    from racefuzz.engines.sglang.workload import FIXED, Workload
+
+    assert Workload.from_json(json.loads(json.dumps(FIXED.to_json()))) == FIXED
+    drawn = draw_workloads(5, seed=3)
+    assert 1 <= len(drawn) <= 5
+    assert drawn == draw_workloads(5, seed=3)  # reproducible from the seed
+    for workload in drawn:
+        assert 1 <= len(workload.requests) <= 4 and 1 <= workload.pool_rows <= 3
