@@ -34,10 +34,14 @@ BACKEND_OPTION = "--racefuzz-backend"
 EXAMPLES_OPTION = "--racefuzz-examples"
 SEED_OPTION = "--racefuzz-seed"
 REPORT_DIR_OPTION = "--racefuzz-report-dir"
-_ALL_OPTIONS = (BACKEND_OPTION, EXAMPLES_OPTION, SEED_OPTION, REPORT_DIR_OPTION)
+EXAMPLE_TIMEOUT_OPTION = "--racefuzz-example-timeout"
+_ALL_OPTIONS = (BACKEND_OPTION, EXAMPLES_OPTION, SEED_OPTION, REPORT_DIR_OPTION, EXAMPLE_TIMEOUT_OPTION)
 _INI_NAMES = ("racefuzz_backend", "racefuzz_report_dir")
 DEFAULT_BACKEND = "auto"
 DEFAULT_REPORT_DIR = ".racefuzz"
+DEFAULT_EXAMPLE_TIMEOUT_S = 120.0
+"""As the CLI's `--example-timeout` (`racefuzz.commands.argtypes.DEFAULT_EXAMPLE_TIMEOUT_S`, checked equal by
+tests/plugin: not imported here at load time)."""
 PROFILES = {"racefuzz-dev": 100, "racefuzz-ci": 1000, "racefuzz-thorough": 10_000}
 """Hypothesis profiles racefuzz registers, by max examples; select one with `--hypothesis-profile`. They are
 prefixed because Hypothesis ships a `ci` profile of its own (and projects often have `dev`)."""
@@ -77,6 +81,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="where replay files, reports and timelines of failures go; default .racefuzz/",
     )
+    group.addoption(
+        EXAMPLE_TIMEOUT_OPTION,
+        dest="racefuzz_example_timeout",
+        default=None,
+        metavar="SECONDS",
+        help="fail a racefuzz test whose example (a design hook, a traced step's run) takes longer; a hook that "
+        "never returns ends the session with exit code 6; default 120",
+    )
     # No ini defaults: an empty value means "not set", and a set one makes the session use racefuzz.
     parser.addini("racefuzz_backend", f"default for {BACKEND_OPTION} ({DEFAULT_BACKEND} when unset)")
     parser.addini("racefuzz_report_dir", f"default for {REPORT_DIR_OPTION} ({DEFAULT_REPORT_DIR} when unset)")
@@ -100,12 +112,32 @@ def _parse_int(option: str, text: str, minimum: int) -> int:
     return value
 
 
+def _in_range(option: str, text: str, name: str) -> object:
+    """`text` through the CLI's own ranged argparse type `racefuzz.commands.argtypes.<name>`: the plugin
+    accepts exactly what `racefuzz run` accepts (a seed of 2**32 would write a replay file `racefuzz replay`
+    refuses)."""
+    import argparse
+
+    from racefuzz.commands import argtypes
+
+    try:
+        return getattr(argtypes, name)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise pytest.UsageError(f"{option}: {exc}") from None
+
+
 def parse_examples(text: str) -> int:
-    return _parse_int(EXAMPLES_OPTION, text, 1)
+    _parse_int(EXAMPLES_OPTION, text, 1)
+    return _in_range(EXAMPLES_OPTION, text, "examples")  # type: ignore[return-value]
 
 
 def parse_seed(text: str) -> int:
-    return _parse_int(SEED_OPTION, text, 0)
+    _parse_int(SEED_OPTION, text, 0)
+    return _in_range(SEED_OPTION, text, "seed")  # type: ignore[return-value]
+
+
+def parse_example_timeout(text: str) -> float:
+    return _in_range(EXAMPLE_TIMEOUT_OPTION, text, "timeout")  # type: ignore[return-value]
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -161,11 +193,13 @@ def _activate(config: pytest.Config) -> dict:
     backend = config.getoption("racefuzz_backend") or config.getini("racefuzz_backend") or DEFAULT_BACKEND
     examples = config.getoption("racefuzz_examples")
     seed = config.getoption("racefuzz_seed")
+    timeout = config.getoption("racefuzz_example_timeout")
     report_dir = config.getoption("racefuzz_report_dir") or config.getini("racefuzz_report_dir") or DEFAULT_REPORT_DIR
     settings = {
         "backend": parse_backend(backend),
         "examples": None if examples is None else parse_examples(examples),
         "seed": 0 if seed is None else parse_seed(seed),
+        "example_timeout": DEFAULT_EXAMPLE_TIMEOUT_S if timeout is None else parse_example_timeout(timeout),
         "report_dir": Path(report_dir),
     }
     _check_report_dir(settings["report_dir"])
@@ -290,6 +324,8 @@ def racefuzz_config(pytestconfig: pytest.Config):
         seed=s["seed"],
         report_dir=s["report_dir"],
         database=settings().database,
+        example_timeout=s["example_timeout"],
+        on_abandon=_terminal_line(pytestconfig),
     )
 
 
@@ -311,7 +347,25 @@ def racefuzz_trace(racefuzz_config):
     from racefuzz.trace.fixture import TraceFixture
 
     c = racefuzz_config
-    return TraceFixture(c.backend, c.examples, c.seed, c.report_dir)
+    return TraceFixture(
+        c.backend, c.examples, c.seed, c.report_dir, example_timeout=c.example_timeout, on_abandon=c.on_abandon
+    )
+
+
+def _terminal_line(config: pytest.Config):
+    """A callback writing one line to pytest's terminal: the watchdog's last words before a hung example ends
+    the session (exit code 6), which pytest's capture of stderr would otherwise take with it."""
+
+    def line(message: str) -> None:
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None:  # mid-test, pytest holds the terminal's file descriptors
+            capture.suspend_global_capture(in_=True)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(message)
+            reporter.flush()  # the process ends right after (os._exit): nothing else flushes it
+
+    return line
 
 
 # -------------------------------------------------------------------------------------------------------

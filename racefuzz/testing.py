@@ -20,7 +20,8 @@ plugin shows each as one line, `racefuzz: <kind>: <message>` (the traceback with
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -29,13 +30,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from racefuzz.backends import executor, resolve_backend
+from racefuzz.commands.argtypes import DEFAULT_EXAMPLE_TIMEOUT_S
 from racefuzz.designs import Design, load_design, raise_hook_error
-from racefuzz.errors import Inconclusive, InvalidArgument, RaceFound
+from racefuzz.errors import ExampleTimeout, Inconclusive, InvalidArgument, RaceFound
 from racefuzz.hb import find_races
 from racefuzz.report import save_counterexample
 from racefuzz.scenarios import check_hazards
 from racefuzz.schedule import Schedule
 from racefuzz.search import SearchResult, search
+from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,11 @@ class Config:
         database: a Hypothesis `ExampleDatabase` where failures are saved and tried first next time
             (`racefuzz.search.corpus`); None keeps nothing. The pytest fixture passes the active
             Hypothesis profile's database (`.hypothesis/examples` unless the profile says otherwise).
+        example_timeout: seconds one example (a design hook, a run) may take, as `racefuzz run
+            --example-timeout`: past it the assertion fails with `ExampleTimeout`, and a hook that never
+            returns ends the process with exit code 6 (`racefuzz.watchdog`); None: no watchdog.
+        on_abandon: called with the one-line message just before a hung example ends the process (the
+            pytest plugin writes it to the terminal, where pytest's output capture would swallow it).
     """
 
     backend: str = "auto"
@@ -59,6 +67,8 @@ class Config:
     report_dir: Path = field(default_factory=lambda: Path(".racefuzz"))
     repeat: int | None = None
     database: object | None = None
+    example_timeout: float | None = DEFAULT_EXAMPLE_TIMEOUT_S
+    on_abandon: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.examples < 1:
@@ -67,6 +77,8 @@ class Config:
             raise InvalidArgument(f"seed must be a non-negative integer, got {self.seed}")
         if self.repeat is not None and self.repeat < 1:
             raise InvalidArgument(f"repeat must be a positive integer, got {self.repeat}")
+        if self.example_timeout is not None and not 0 < self.example_timeout < float("inf"):
+            raise InvalidArgument(f"example_timeout must be a positive number of seconds, got {self.example_timeout}")
 
     @property
     def resolved_backend(self) -> str:
@@ -77,10 +89,23 @@ def _design(design: str | Design) -> Design:
     return design if isinstance(design, Design) else load_design(design)
 
 
+@contextmanager
+def watched(example_timeout: float | None, on_abandon: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The per-example watchdog and Ctrl-C of `racefuzz run` around an assertion (`racefuzz.watchdog`): an
+    example past `example_timeout` fails it as `ExampleTimeout` (the CLI's exit code 6)."""
+    try:
+        with stoppable(example_timeout, on_abandon):
+            yield
+    except StopRequested as stop:
+        if stop.reason == "timeout":
+            raise ExampleTimeout(stop.detail) from None
+        raise
+
+
 def _search(design: Design, config: Config, backend: str, hazards, options, *, shrink: bool) -> SearchResult:
     return search(
         design,
-        executor(backend),
+        WatchedExecutor(executor(backend), backend),
         backend=backend,
         examples=config.examples,
         seed=config.seed,
@@ -120,6 +145,18 @@ def assert_race_free(
     config = config or Config()
     check_output_dir(config.report_dir, "report_dir")  # before the search: a race found must have a place to go
     backend = config.resolved_backend
+    with watched(config.example_timeout, config.on_abandon):
+        return _assert_race_free(design, config, backend, hazards, control, workload_options)
+
+
+def _assert_race_free(
+    design: str | Design,
+    config: Config,
+    backend: str,
+    hazards: Collection[str] | None,
+    control: str | Design | _Control | None,
+    workload_options: dict[str, object],
+) -> SearchResult:
     target = _design(design)
     if control is SCENARIO_CONTROL:
         control = target.scenario.control_design
@@ -210,7 +247,8 @@ def assert_no_new_race(
             )
 
     try:
-        no_new_race()
+        with watched(config.example_timeout, config.on_abandon):
+            no_new_race()
     finally:
         raise_hook_error(new_design)
         raise_hook_error(old_design)

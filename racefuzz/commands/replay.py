@@ -29,8 +29,10 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
                 f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
                 "--backend on the device it was recorded on"
             )
-        from racefuzz.commands.trace import replay_trace
+        from racefuzz.commands.trace import build_recorder, replay_trace, require_torch
 
+        require_torch()
+        build_recorder()  # before the watchdog: the fast path's first build is not an example's run
         try:
             with stoppable(args.example_timeout):  # a replayed step that never returns is abandoned
                 return replay_trace(args.file, args.backend or "auto", args.repeat)

@@ -72,6 +72,7 @@ def trace_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.watchdog import StopRequested, stoppable
 
     require_torch()
+    build_recorder()
     try:
         # Everything that runs the step is watched: a run that never returns is abandoned after
         # --example-timeout (exit 6), and Ctrl-C stops at the next run.
@@ -99,6 +100,14 @@ def require_torch() -> None:
         ) from None
 
 
+def build_recorder() -> None:
+    """Build (or load) the recorder's C++ fast path now, before the watchdog starts: the first build takes
+    10-60 s, more on a loaded machine, and is not an example's run (`--example-timeout` would abandon it)."""
+    from racefuzz.trace import fastpath
+
+    fastpath.load()
+
+
 def _search(args: argparse.Namespace) -> ExitCode:
     from racefuzz.outputs import check_output_dir
     from racefuzz.trace.search import fuzz, resolve_device
@@ -113,7 +122,7 @@ def _search(args: argparse.Namespace) -> ExitCode:
     report_dir = check_output_dir(args.report_dir, "--report-dir")
     device = resolve_device(args.device)
     checkpoint(f"loading the step {args.step}")
-    step = watched(_load(args.step), args.step)
+    step = watched_step(_load(args.step), args.step)
     checkpoint(f"recording the step {args.step}")  # the first recording may build the recorder's fast path
     options = dict(
         device=device,
@@ -127,7 +136,7 @@ def _search(args: argparse.Namespace) -> ExitCode:
     control_caught = None
     if args.control:
         control = _run(
-            fuzz, watched(_load(args.control), args.control), options, f"the negative control {args.control}"
+            fuzz, watched_step(_load(args.control), args.control), options, f"the negative control {args.control}"
         )
         control_caught = control.racy
         print(f"negative control {control.step}: {'caught' if control_caught else 'NOT caught'}")
@@ -141,7 +150,7 @@ def _search(args: argparse.Namespace) -> ExitCode:
     return ExitCode.CLEAN
 
 
-def watched(step: Callable, spec: str) -> Callable:
+def watched_step(step: Callable, spec: str) -> Callable:
     """`step`, passing a watchdog checkpoint before and after each run: the per-example timeout and Ctrl-C see
     a run of the step that never returns as this one (`racefuzz.watchdog`)."""
     import functools
@@ -360,7 +369,7 @@ def replay_trace(
         raise InvalidArgument(f"--watch {', '.join(watch_given)}: {path} watches {', '.join(watch) or 'nothing'}")
     device = resolve_device(recorded_on if device_choice == "auto" else device_choice)
     checkpoint(f"loading the step {spec}")
-    step = watched(_load(spec), spec)
+    step = watched_step(_load(spec), spec)
     reference = _run(run_once, step, {"device": device, "serialize": True}, f"the replayed step {spec}")
     check_delay_points(path, delays, reference)
     ordinals = watched_ordinals(reference, watch)

@@ -13,7 +13,7 @@ written to `--racefuzz-report-dir`; a negative control that does not race fails 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,22 @@ class RaceInTrace(RaceFound):
 class TraceFixture:
     """`fuzz(step, watch=..., control=...)`: see the module doc."""
 
-    def __init__(self, backend: str = "auto", examples: int = 100, seed: int | None = None, report_dir: Any = None):
+    def __init__(
+        self,
+        backend: str = "auto",
+        examples: int = 100,
+        seed: int | None = None,
+        report_dir: Any = None,
+        *,
+        example_timeout: float | None = None,
+        on_abandon: Callable[[str], None] | None = None,
+    ):
         self.device = _DEVICES.get(backend, "auto")
         self.examples = examples
         self.seed = seed
         self.report_dir = report_dir
+        self.example_timeout = example_timeout
+        self.on_abandon = on_abandon
 
     def fuzz(
         self,
@@ -51,6 +62,8 @@ class TraceFixture:
         `control`: a step that must race (the negative control); if it does not, the verdict on `step`
         means nothing and this fails as `Inconclusive`.
         """
+        from racefuzz.commands.trace import build_recorder, watched_step
+        from racefuzz.testing import watched
         from racefuzz.trace.report import render
         from racefuzz.trace.search import fuzz, step_name
 
@@ -61,14 +74,18 @@ class TraceFixture:
             max_delays=max_delays,
             seed=self.seed,
         )
-        if control is not None:
-            caught = fuzz(control, **options)
-            if not caught.racy:
-                raise Inconclusive(
-                    f"the negative control {step_name(control)} did not race on {caught.device}: a clean verdict on "
-                    f"{step_name(step)} would mean nothing"
-                )
-        result = fuzz(step, **options)
+        # Each run of a step passes a checkpoint: one past --racefuzz-example-timeout fails the test as
+        # `ExampleTimeout`, and one that never returns ends the session (exit 6) with a line naming it.
+        build_recorder()  # the fast path's first build (10-60 s) is not an example's run
+        with watched(self.example_timeout, self.on_abandon):
+            if control is not None:
+                caught = fuzz(watched_step(control, step_name(control)), **options)
+                if not caught.racy:
+                    raise Inconclusive(
+                        f"the negative control {step_name(control)} did not race on {caught.device}: a clean verdict "
+                        f"on {step_name(step)} would mean nothing"
+                    )
+            result = fuzz(watched_step(step, step_name(step)), **options)
         if result.racy:
             path, tail = None, ""
             if self.report_dir is not None:
@@ -78,13 +95,13 @@ class TraceFixture:
         return result
 
     def _write(self, result: TraceResult, watch: tuple[str, ...]) -> tuple[Path | None, list[Path], str]:
-        """The replay file (on a value divergence) and timeline, in the report directory, or in a fresh
-        temporary one if it cannot be written (the third item says so)."""
+        """The replay file (its delays, none for a happens-before race) and timeline, in the report directory, or
+        in a fresh temporary one if it cannot be written (the third item says so)."""
         from racefuzz.outputs import fallback_dir
         from racefuzz.trace.report import report_stem, write_replay, write_timeline
 
         def write(directory: Any) -> tuple[Path | None, list[Path]]:
-            replay_path = write_replay(result, directory, watch) if result.divergence else None
+            replay_path = write_replay(result, directory, watch)  # a happens-before race replays on the CPU
             return replay_path, write_timeline(result, report_stem(result, directory))
 
         try:

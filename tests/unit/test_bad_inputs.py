@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -438,3 +439,227 @@ def test_a_design_file_imports_the_packages_beside_the_user(workdir: Path) -> No
     design = "import helper_pkg\n\n\nclass D:\n    name = helper_pkg.NAME\n\n\ndesign = D()\n"
     (workdir / "uses_pkg.py").write_text(design)
     assert load_design("uses_pkg.py:design").name == "from-a-package"
+
+
+# -- a race found is never lost to a crash ----------------------------------------------------------------
+
+
+def test_a_rare_happens_before_race_is_reported_not_lost_in_shrinking(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # self-event races on the plan stream in about one workload of 700 here: the short search for a smaller
+    # racy workload meets none, and the witness itself is the counterexample (once an AssertionError, exit 5).
+    argv = ["run", "--backend", "sim", "--design", "self-event", "--hazards", "plan-stream", "--examples", "2000"]
+    assert run([*argv, "--seed", "12", "--database", "none", "--no-control", "--quiet"]) == ExitCode.RACE
+    out = capsys.readouterr().out
+    assert "RACE FOUND in design self-event" in out and "replay: racefuzz replay" in out
+
+
+def test_shrink_unordered_falls_back_to_the_witness_when_its_search_meets_no_race() -> None:
+    from hypothesis import strategies as st
+
+    from racefuzz.designs import load_design
+    from racefuzz.scenarios.sglang.workload import RequestSpec, Workload
+    from racefuzz.search.finish import shrink_unordered
+    from racefuzz.search.outcome import judge
+
+    design = load_design("none")
+    # A workload `prove` finds racing for the design without a fence (the rewrite of its prefill result).
+    witness = Workload(
+        requests=(RequestSpec(prompt_len=1, chunk=1, rewrite_at=(0,)),), iterations=2, block_size=1, rows=1
+    )
+    clean = Workload(requests=(), iterations=1)
+    assert judge(witness, design, None, None).races and not judge(clean, design, None, None).races
+    assert shrink_unordered(design, witness, st.just(clean), seed=0).workload == witness
+
+
+# -- racefuzz trace: the user's step, and only it, is user code ---------------------------------------------
+
+STEPS = """
+import sys
+
+from racefuzz.trace.example import racy_step
+
+
+def exits(env):
+    sys.exit(0)
+
+
+def raises_exit(env):
+    raise SystemExit("stop")
+
+
+def shape_error(env):
+    import torch
+
+    return {"sum": torch.ones(2, device=env.device) + torch.ones(3, device=env.device)}
+
+
+def hangs(env):
+    while True:
+        pass
+
+
+def racy(env):
+    return racy_step(env)
+"""
+
+
+@pytest.fixture
+def steps(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A package of steps beside the user, imported as `mysteps.steps` or by path (fresh in each test)."""
+    import sys
+
+    pytest.importorskip("torch")
+    (workdir / "mysteps").mkdir()
+    (workdir / "mysteps" / "__init__.py").write_text("")
+    (workdir / "mysteps" / "steps.py").write_text(STEPS)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield workdir
+    for name in ("mysteps.steps", "mysteps"):
+        sys.modules.pop(name, None)
+
+
+def _trace(*argv: str) -> int:
+    return run(["trace", *argv, "--device", "cpu", "--report-dir", "reports"])
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ("mysteps.steps:exits", "the step mysteps.steps:exits failed in its reference run: SystemExit: sys.exit(0)"),
+        ("mysteps.steps:raises_exit", "SystemExit: sys.exit('stop') was called (at mysteps/steps.py:"),
+        ("mysteps/steps.py:exits", "the step mysteps/steps.py:exits failed in its reference run: SystemExit"),
+        ("mysteps.steps:shape_error", "RuntimeError: The size of tensor a (2) must match"),
+    ],
+    ids=["sys.exit", "raise SystemExit", "sys.exit, by path", "a torch error of the step"],
+)
+def test_a_step_that_exits_or_raises_is_an_error_in_user_code(
+    steps: Path, capsys: pytest.CaptureFixture[str], step: str, message: str
+) -> None:
+    assert _trace(step) == ExitCode.USER_CODE
+    assert message in _one_line_error(capsys.readouterr().err)
+
+
+def test_a_step_is_found_in_the_working_directory_and_by_path_and_its_race_is_replayable(
+    steps: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for spec in ("mysteps.steps:racy", "mysteps/steps.py:racy", "./mysteps/steps.py:racy"):
+        assert _trace(spec) == ExitCode.RACE, capsys.readouterr()
+    capsys.readouterr()
+    written = sorted(p.name for p in (steps / "reports").iterdir())
+    assert all(not name.startswith(".") for name in written), written
+    by_path = steps / "reports" / "trace-mysteps_steps.py.racy.json"
+    assert json.loads(by_path.read_text())["step"] == f"{steps / 'mysteps' / 'steps.py'}:racy"
+    # A happens-before race on the CPU writes its replay file too, and it replays as that race.
+    assert run(["trace", "--replay", str(by_path)]) == ExitCode.RACE
+    assert "reproduced as 1 happens-before race(s)" in capsys.readouterr().out
+    assert run(["trace", "mysteps.steps:exits", "--replay", str(by_path)]) == ExitCode.USAGE
+    assert "the file replays the step" in _one_line_error(capsys.readouterr().err)
+
+
+def test_trace_without_torch_is_a_usage_error_with_the_install_hint(
+    steps: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    assert _trace("mysteps.steps:racy") == ExitCode.USAGE
+    line = _one_line_error(capsys.readouterr().err)
+    assert "racefuzz trace records torch code and needs torch" in line and "pip install torch" in line
+
+
+def _racefuzz_bug(monkeypatch: pytest.MonkeyPatch, owner: object, method: str) -> None:
+    """Replace `owner.method` by one that fails as racefuzz's own Python code would (its frame in the package)."""
+    import racefuzz.trace.recorder as recorder_module
+
+    namespace: dict[str, object] = {}
+    source = "def broken(*args, **kwargs):\n    raise AssertionError('a bug in the recorder')\n"
+    exec(compile(source, recorder_module.__file__, "exec"), namespace)
+    monkeypatch.setattr(owner, method, namespace["broken"])
+
+
+@pytest.mark.parametrize("method", ["on_wait", "finish"], ids=["inside the step's call", "after the step"])
+def test_a_bug_in_the_recorder_is_an_internal_error_not_the_steps(
+    steps: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    from racefuzz.trace.recorder import Recorder
+
+    _racefuzz_bug(monkeypatch, Recorder, method)
+    assert _trace("mysteps.steps:racy") == ExitCode.INTERNAL
+    assert "internal error: AssertionError: a bug in the recorder" in _one_line_error(capsys.readouterr().err)
+
+
+def test_a_fuzzed_run_that_racefuzz_fails_in_is_no_manifestation(steps: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(steps))
+    import mysteps.steps as user_steps  # type: ignore[import-not-found]
+
+    from racefuzz.trace.oracle import Divergence
+    from racefuzz.trace.recorder import Recorder
+    from racefuzz.trace.search import StepFailed, run_once, run_with_delays, search_delays
+
+    reference = run_once(user_steps.racy, "cpu", serialize=True)
+    # The step's own exception under a schedule is a candidate manifestation, returned ...
+    assert isinstance(run_with_delays(user_steps.raises_exit, "cpu", reference, []), SystemExit)
+    with pytest.raises(StepFailed):
+        run_once(user_steps.exits, "cpu")
+    # ... racefuzz's own failure is raised, not returned as one.
+    _racefuzz_bug(monkeypatch, Recorder, "on_wait")
+    with pytest.raises(AssertionError, match="a bug in the recorder"):
+        run_with_delays(user_steps.racy, "cpu", reference, [])
+    # In the search: a first run that diverges, then racefuzz fails: the failure is raised, not a race.
+    calls = []
+
+    def attempt(delays: list) -> Divergence | None:
+        calls.append(delays)
+        if len(calls) == 1:
+            return Divergence("exception", None, "diverged")
+        raise RuntimeError("racefuzz failed in a fuzzed run")
+
+    with pytest.raises(BaseException) as raised:
+        search_delays([("forward", 0), ("schedule", 0)], attempt, examples=20, max_delays=2, seed=0)
+    assert "racefuzz failed in a fuzzed run" in repr(raised.value) or any(
+        "racefuzz failed" in repr(e) for e in getattr(raised.value, "exceptions", ())
+    )
+
+
+def test_a_step_that_never_returns_ends_with_exit_6_naming_it(steps: Path) -> None:
+    import subprocess
+    import sys
+
+    argv = ["trace", "mysteps.steps:hangs", "--device", "cpu", "--report-dir", "reports", "--example-timeout", "1"]
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from racefuzz.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+        cwd=steps,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == ExitCode.TIMEOUT, done.stderr
+    line = _one_line_error(done.stderr)
+    assert "mysteps.steps:hangs" in line and "took more than 1 s (--example-timeout)" in line
+
+
+TRACE_REPLAY = {"format": "racefuzz-trace-replay", "version": 1, "step": "mysteps.steps:racy", "device": "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"watch": [], "delays": [{"stream": "nosuch", "launch": 0, "us": 10.0}]}, "delay on stream 'nosuch'"),
+        ({"watch": [], "delays": [{"stream": "forward", "launch": 99, "us": 10.0}]}, "before launch 99 on 'forward'"),
+        ({"watch": []}, 'missing field "delays"'),
+        ({"watch": "req_to_token", "delays": []}, '"watch" must be a list of tensor names'),
+        ({"watch": [], "delays": [{"stream": "forward", "launch": True, "us": 1.0}]}, "launch must be an integer"),
+        ({"watch": [], "delays": [{"stream": "forward", "launch": 0}]}, 'delay point 0 must be {"stream"'),
+    ],
+    ids=["unknown stream", "launch past the step's", "no delays", "watch a string", "launch a bool", "no us"],
+)
+def test_a_bad_trace_replay_file_is_one_usage_line(
+    steps: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, object], message: str
+) -> None:
+    (steps / "r.json").write_text(json.dumps({**TRACE_REPLAY, **fields}))
+    for argv in (["trace", "--replay", "r.json"], ["replay", "r.json"]):
+        assert run(argv) == ExitCode.USAGE
+        line = _one_line_error(capsys.readouterr().err)
+        assert message in line and "r.json" in line
