@@ -134,7 +134,7 @@ def _torch_mode_class() -> type:
                         if on_device and tensor.untyped_storage().data_ptr() not in inputs:
                             recorder.allocated(tensor)
                 return out
-            if info.name == "lift_fresh" and recorder.on_gpu:
+            if info.name == "lift_fresh" and (recorder.on_gpu or recorder.lifting_to_device):
                 return self._lifted(func, args, kwargs)
             reads, writes = _schema_accesses(info, args, kwargs)
             outputs_written = info.fresh_outputs
@@ -245,12 +245,19 @@ def _torch_mode_class() -> type:
             blocking copy on the current stream: a launch writing `t` (`TORCH_TENSOR_COPY`), then the host's
             sync of that stream (torch's copy from pageable memory waits for it). A host `t` (a tensor the step
             keeps on the host, a scalar torch wraps for an indexing assignment) is no launch, nor is a CUDA
-            `t` on a storage the recorder has seen (made from that storage: no copy). Not in a CPU run: there
-            every CPU tensor stands for a device tensor, and which of them torch would have copied is not known.
+            `t` on a storage the recorder has seen (made from that storage: no copy). In a CPU run, where every
+            CPU tensor stands for a device tensor, only inside a `torch.tensor` / `as_tensor` / `asarray` call
+            that names a `device` (`Recorder.lifting_to_device`, `racefuzz.trace.torch_patches`): the call a
+            step makes as `torch.tensor(data, device=env.device)` to run on both, a copy to the GPU there.
             """
             recorder = self.recorder
             tensor = args[0] if args else None
-            if not isinstance(tensor, _Tensor) or not tensor.is_cuda or tensor.numel() == 0 or recorder.knows(tensor):
+            if (
+                not isinstance(tensor, _Tensor)
+                or (recorder.on_gpu and not tensor.is_cuda)
+                or tensor.numel() == 0
+                or recorder.knows(tensor)
+            ):
                 return func(*args, **kwargs)
 
             def made(out: Any) -> list[tuple[object, Any]]:

@@ -243,6 +243,9 @@ class Recorder:
         self.virtual_current = VirtualStream(weakref.proxy(self), "default")
         self.virtual_default = self.virtual_current
         """The default stream of a CPU run (`torch.cuda.default_stream()` inside a CPU recording)."""
+        self.lifting_to_device = 0
+        """Inside a CPU run's `torch.tensor(data, device=...)` (`racefuzz.trace.torch_patches`): its tensor is a
+        device tensor's copy from the host, as in a GPU run (`TraceMode._lifted`)."""
         self.exact_indexing = evaluate_annotations and (not self.on_gpu or serialize)
         """Whether index ops (`index`, `index_select`, `gather`, `index_put_`, ...) get the byte sets their
         index values select (`racefuzz.trace.indexing`): where the values are those the op sees in host

@@ -114,6 +114,28 @@ def installed(on_gpu: bool, active: Callable[[], Any]) -> Iterator[None]:
 def _install_stream_api(patches: _Patches, torch: Any) -> None:
     for module in (torch.cuda, torch.cpu):
         _install_module_stream_api(patches, module)
+    for name in ("tensor", "as_tensor", "asarray"):
+        patches.set(torch, name, _to_device(getattr(torch, name)))
+
+
+def _to_device(torch_factory: Any) -> Any:
+    """`torch.tensor(data, device=...)` (and `as_tensor`, `asarray`) in a CPU recording: a named device makes
+    the tensor a device tensor copied from the host, as a GPU run records it (`Recorder.lifting_to_device`);
+    without one it stays a host tensor, no launch, as in a GPU run."""
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        recorder = _cpu_recorder()
+        if recorder is None or kwargs.get("device") is None:  # `device` is keyword-only in all three
+            return torch_factory(*args, **kwargs)
+        recorder.lifting_to_device += 1
+        try:
+            return torch_factory(*args, **kwargs)
+        finally:
+            recorder.lifting_to_device -= 1
+
+    factory.__name__ = factory.__qualname__ = torch_factory.__name__
+    factory.__doc__ = torch_factory.__doc__
+    return factory
 
 
 def _install_module_stream_api(patches: _Patches, module: Any) -> None:

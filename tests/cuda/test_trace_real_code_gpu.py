@@ -140,10 +140,41 @@ def free_step(record_stream: bool):
     return step
 
 
+def tensor_from_data_step(freed_in_use: bool):
+    """`torch.tensor(data, device=env.device)` on the schedule stream: a blocking copy into a block of that
+    stream (tests/unit/test_trace_real_code.py has the CPU side)."""
+    import torch
+
+    def step(env):
+        table = env.name(torch.arange(64, dtype=torch.int32, device=env.device).reshape(8, 8), "req_to_token")
+        schedule, forward = env.stream("schedule"), env.stream("forward")
+        for stream in (schedule, forward):
+            stream.wait_stream(env.current_stream())
+        with env.use(schedule):
+            table[1, 0:2] = -1
+            rows = torch.tensor([1, 3], device=env.device)
+        with env.use(forward):
+            out = table[rows]
+        if not freed_in_use:
+            env.synchronize()
+        del rows
+        env.synchronize()
+        return {"out": out}
+
+    return step
+
+
 @pytest.mark.parametrize(
     "step",
-    [engine_step(False), engine_step(True), free_step(False), free_step(True)],
-    ids=["engine-racy", "engine-barrier", "free-in-use", "record-stream"],
+    [
+        engine_step(False),
+        engine_step(True),
+        free_step(False),
+        free_step(True),
+        tensor_from_data_step(True),
+        tensor_from_data_step(False),
+    ],
+    ids=["engine-racy", "engine-barrier", "free-in-use", "record-stream", "tensor-freed-in-use", "tensor-synced"],
 )
 def test_the_cpus_verdict_is_the_gpus(step):
     gpu, cpu = verdict(step, "cuda"), verdict(step, "cpu")

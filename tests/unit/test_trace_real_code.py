@@ -489,3 +489,44 @@ def test_a_stream_from_outside_the_cpu_run_is_refused_saying_why(use):
 
     with pytest.raises(UserCodeError, match="only this run's streams can be made current"):
         run_once(step, "cpu")
+
+
+def tensor_from_data_step(device_named: bool, freed_in_use: bool):
+    """The schedule stream rewrites row 1, then makes the forward's index with `torch.tensor(data,
+    device=env.device)`: on a GPU a blocking copy on the schedule stream (the host waits for it, and so for
+    the rewrite) into a block allocated there. The forward reads row 1 through the index with no wait on the
+    schedule stream; the index is then freed while the forward may still read it, or after a sync."""
+
+    def step(env):
+        table = env.name(torch.arange(64, dtype=torch.int32).reshape(8, 8), "req_to_token")
+        schedule, forward = env.stream("schedule"), env.stream("forward")
+        for stream in (schedule, forward):
+            stream.wait_stream(env.current_stream())
+        with env.use(schedule):
+            table[1, 0:2] = -1
+            rows = torch.tensor([1, 3], device=env.device) if device_named else torch.tensor([1, 3])
+        with env.use(forward):
+            out = table[rows]
+        if not freed_in_use:
+            env.synchronize()
+        del rows
+        env.synchronize()
+        return {"out": out}
+
+    return step
+
+
+def test_a_tensor_made_from_data_for_the_device_is_a_blocking_copy_into_a_block_of_the_stream():
+    # The copy's sync orders the rewrite before the forward's read; the index's free races with that read.
+    found = races_of(tensor_from_data_step(device_named=True, freed_in_use=True))
+    assert [(r.race.kind.value, r.first.stream, r.second.kind) for r in found] == [("WAR", "forward", "free")]
+    assert races_of(tensor_from_data_step(device_named=True, freed_in_use=False)) == []
+    # Without a device it is a host tensor, as in a GPU run: no copy, no sync, no block of a stream.
+    found = races_of(tensor_from_data_step(device_named=False, freed_in_use=True))
+    assert [(r.race.kind.value, r.first.stream, r.second.stream) for r in found] == [("RAW", "schedule", "forward")]
+    for name, make in (
+        ("as_tensor", lambda env: {"t": torch.as_tensor([1], dtype=torch.int64, device=env.device)}),
+        ("asarray", lambda env: {"t": torch.asarray([1], device=env.device)}),
+    ):
+        kernels = [getattr(op, "kernel", "") for op in run_once(make, "cpu").trace.ops]
+        assert "torch.tensor (host-to-device copy)" in kernels, name
