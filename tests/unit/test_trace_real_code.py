@@ -530,3 +530,15 @@ def test_a_tensor_made_from_data_for_the_device_is_a_blocking_copy_into_a_block_
     ):
         kernels = [getattr(op, "kernel", "") for op in run_once(make, "cpu").trace.ops]
         assert "torch.tensor (host-to-device copy)" in kernels, name
+
+
+def test_the_whole_view_note_survives_a_trace_file():
+    from racefuzz.trace.model import trace_from_json, trace_to_json
+
+    recorder = Recorder("cpu")
+    recorder.exact_indexing = False
+    with recording(recorder):
+        gather_step(GATHERS["R[idx]"], written_row=2)(TraceEnv(recorder, "cpu"))
+    trace = recorder.record.trace
+    assert trace.whole_view_indexing == ["aten.index.Tensor"]
+    assert trace_from_json(trace_to_json(trace)).whole_view_indexing == ["aten.index.Tensor"]
