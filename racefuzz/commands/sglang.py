@@ -52,6 +52,14 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
+    parser.add_argument(
+        "--read-done",
+        choices=("none", "after", "before"),
+        default="none",
+        help="where the fake forward publishes a read-done event into the barrier's fast-path slot: none "
+        "(default: sglang's eager forward publishes none, the barrier's coarse path runs), after its reads, or "
+        "before them (a wrong publisher, which the fast path must be caught trusting)",
+    )
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
     parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
     parser.add_argument("--archive", type=Path, help="fetch: unpack this `sglang pack` archive instead of pip")
@@ -80,7 +88,7 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         targets.append((version, sources.locate(version=version), version))
     results = []
     for label, python_dir, version_hint in targets:
-        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout)
+        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout, args.read_done)
         result["label"] = label
         results.append(result)
         print(format_result(result))
@@ -156,7 +164,12 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
 
 
 def run_harness(
-    python_dir: Path, workloads: list[dict[str, Any]], control: bool, version: str | None, timeout: float
+    python_dir: Path,
+    workloads: list[dict[str, Any]],
+    control: bool,
+    version: str | None,
+    timeout: float,
+    read_done: str = "none",
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
@@ -164,6 +177,7 @@ def run_harness(
         command += ["--workload", json.dumps(workload)]
     if not control:
         command.append("--no-control")
+    command += ["--read-done", read_done]
     if version:
         command += ["--sglang-version", version]
     env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
@@ -214,7 +228,8 @@ def format_result(result: dict[str, Any]) -> str:
     caught = sum(1 for run in controls if run["races"])
     functions = set().union(*(set(run["sglang_functions"]) for run in runs))
     lines = [
-        f"sglang {label} (version {result.get('version')}, adapter {result.get('adapter')}): "
+        f"sglang {label} (version {result.get('version')}, adapter {result.get('adapter')}, read-done "
+        f"{result.get('read_done')}): "
         f"{len(barrier)} workload(s), {sum(r['iterations'] for r in barrier)} loop iterations, "
         f"{sum(r['forwards'] for r in barrier)} forwards, {len(functions)} sglang functions ran in the loop; "
         f"imports {result.get('import_seconds')} s, total {result.get('seconds')} s",

@@ -58,6 +58,10 @@ def test_0_5_23_is_clean_beside_a_caught_control(loop_results: dict[str, dict]) 
     # The control (the version's own _war_barrier_enabled, turned off) races: the harness can see the race.
     assert control["races"], "the negative control was not caught"
     assert all(race["kind"] == "WAR" for race in control["races"])
+    # Streams carry the names of the attributes sglang assigns them to.
+    assert {(r["first"]["stream"], r["second"]["stream"]) for r in control["races"]} == {
+        ("forward_stream", "schedule_stream")
+    }
     assert any(_writes_by(race, "cache_unfinished_req") or _writes_by(race, "checkpoint") for race in control["races"])
     assert version_verdict(result, control=True) == ExitCode.CLEAN
 
@@ -83,6 +87,22 @@ def test_0_5_15_has_the_post_launch_race_of_31687(loop_results: dict[str, dict])
     assert "batch_result_processor.py:242 (process_batch_result_prefill)" in chain
     assert any(where.startswith("req_to_token[") for where in race["bytes"])
     assert version_verdict(result, control=True) == ExitCode.RACE
+
+
+def test_the_barriers_fast_path_trusts_the_read_done_event() -> None:
+    """With a read-done event published after the forward's reads, 0.5.23's `_apply_war_barrier` takes its
+    fast path (`schedule_stream.wait_event(ev)`) and stays clean; published before the reads (a wrong
+    publisher), the same fast path lets the result processing's rewrite race the reads."""
+    from racefuzz.commands.sglang import run_harness
+    from racefuzz.engines.sglang.workload import FIXED
+
+    path = _sources_or_skip("0.5.23")
+    after = run_harness(path, [FIXED.to_json()], False, "0.5.23", 600, read_done="after")
+    before = run_harness(path, [FIXED.to_json()], False, "0.5.23", 600, read_done="before")
+    assert after["status"] == before["status"] == "ok", (after.get("error"), before.get("error"))
+    assert "sglang/srt/managers/scheduler.py:_apply_war_barrier" in after["runs"][0]["sglang_functions"]
+    assert after["runs"][0]["races"] == []
+    assert before["runs"][0]["races"], "a read-done event recorded before the reads was trusted unnoticed"
 
 
 def test_the_loop_runs_sglangs_own_functions(loop_results: dict[str, dict]) -> None:

@@ -38,7 +38,8 @@ class _StreamContext:
         self._active.pop().__exit__(*exc)
 
 
-_ASSIGNED = re.compile(r"(\w+)\s*(?::[^=]*)?=\s*[\w.]*Stream\(")
+_ASSIGNED = re.compile(r"^\s*(?:self\.)?(\w+)\s*(?::[^=]*)?=(?!=).*\bStream\(")
+"""`self.name = ...Stream(`, `self.name: T = ...Stream(`, `name = None if x else ...Stream(`."""
 
 
 def _assigned_name(depth: int) -> str | None:

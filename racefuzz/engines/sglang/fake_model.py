@@ -15,8 +15,11 @@ It never reads a device value back to the host (that would be a sync of the forw
 own code does not make, hiding the race under test). It publishes no read-done event, as sglang 0.5.23's
 eager non-speculative forward does not (`maybe_publish_prefill_shared_read_done` returns early unless the
 speculative algorithm supports it; the decode fast path is the CUDA-graph runner's), so the scheduler's
-`_apply_war_barrier` takes its coarse `wait_stream` path; `publish_read_done=True` records one right after
-the reads (what a backend with a read-done fence would do).
+`_apply_war_barrier` takes its coarse `wait_stream` path. `read_done="after"` records one right after the
+reads into the runner's read-done slot (what a backend with a read-done fence does: the barrier's fast
+path `schedule_stream.wait_event(ev)` then runs); `read_done="before"` records it before the reads (a
+wrong publisher: the fast path then trusts an event that precedes the reads, a race the harness must
+report).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any, ClassVar
 from racefuzz.trace.annotations import WHOLE, annotate, rows
 
 VOCAB = 128
+READ_DONE = ("none", "after", "before")
+"""Where the fake forward publishes a read-done event: not at all, after its reads, before them."""
 
 
 def _caller(frame: Any) -> str:
@@ -183,7 +188,7 @@ class FakeTpWorker(_Strict):
         context_len: int,
         pool_rows: int,
         kv_tokens: int,
-        publish_read_done: bool = False,
+        read_done: str = "none",
     ) -> None:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -195,7 +200,9 @@ class FakeTpWorker(_Strict):
         self.model_config = scheduler.model_config
         self.spec_algorithm = scheduler.spec_algorithm
         self.context_len = context_len
-        self.publish_read_done = publish_read_done
+        if read_done not in READ_DONE:
+            raise ValueError(f"read_done must be one of {', '.join(READ_DONE)}, got {read_done!r}")
+        self.read_done = read_done
         self.forwards = 0
         self.req_to_token_pool = ReqToTokenPool(pool_rows, context_len, self.device, False)
         env.name(self.req_to_token_pool.req_to_token, "req_to_token")
@@ -249,6 +256,12 @@ class FakeTpWorker(_Strict):
     def war_fastpath_runner(self) -> FakeModelRunner:
         return self.model_runner
 
+    def _publish_read_done(self) -> None:
+        """Record a read-done event on the current stream into the slot the version's barrier reads."""
+        event = self.env.event()
+        event.record()
+        setattr(self.model_runner, self.adapter.read_done_slot[1], event)
+
     # -- the forward -------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         """The fake forward of `batch` (a `ScheduleBatch` or `ModelWorkerBatch`) on the current stream."""
@@ -264,6 +277,8 @@ class FakeTpWorker(_Strict):
         bs = int(req_pool_indices.shape[0])
         max_len = self.context_len
         kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
+        if self.read_done == "before":
+            self._publish_read_done()
         launch_kernel(
             "attention_kv_indices",
             _kv_indices,
@@ -273,10 +288,8 @@ class FakeTpWorker(_Strict):
             kv_indices=kv_indices,
             max_len=max_len,
         )
-        if self.publish_read_done:
-            read_done = self.env.event()
-            read_done.record()
-            setattr(self.model_runner, self.adapter.read_done_slot[1], read_done)
+        if self.read_done == "after":
+            self._publish_read_done()
         # The model: a function of the KV locations read and the positions (no host read-back).
         hidden = (kv_indices.to(torch.int64).sum(dim=1) * 31 + seq_lens.to(torch.int64) * 7) % VOCAB
         logits = torch.zeros((bs, VOCAB), dtype=torch.float32, device=hidden.device)

@@ -54,7 +54,9 @@ def race_json(race: Any, calls: list[tuple[int, str]], forward_callers: set[str]
     }
 
 
-def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any) -> dict[str, Any]:
+def run_version(
+    python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none"
+) -> dict[str, Any]:
     from racefuzz.engines.sglang import scheduler as harness_scheduler
     from racefuzz.trace.convert import find_trace_races
     from racefuzz.trace.search import run_once
@@ -64,7 +66,9 @@ def run_version(python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter
 
     def step(env: Any) -> None:
         try:
-            holder["run"] = harness_scheduler.build_and_run(env, sgl, adapter, workload, barrier, start_profile)
+            holder["run"] = harness_scheduler.build_and_run(
+                env, sgl, adapter, workload, barrier, start_profile, read_done
+            )
         finally:
             holder["functions"], holder["chains"] = stop_profile()
 
@@ -96,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--traceback", action="store_true")
+    parser.add_argument("--read-done", choices=("none", "after", "before"), default="none")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
@@ -121,10 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         sgl = SimpleNamespace(server_args=adapter.server_args(None), device_module=None)
         from racefuzz.engines.sglang.scheduler import CONTEXT_LEN  # noqa: F401
 
+        out["read_done"] = args.read_done
         out["runs"] = []
         for workload in workloads:
             for barrier in (True, False) if not args.no_control else (True,):
-                run = run_version(args.python_dir, workload, barrier, sgl, adapter)
+                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done)
                 run["workload"] = workload.describe()
                 out["runs"].append(run)
         out["status"] = "ok"

@@ -86,7 +86,13 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 def build_and_run(
-    env: Any, sgl: Any, adapter: Adapter, workload: Workload, barrier: bool, on_loop: Callable[[], None] = _noop
+    env: Any,
+    sgl: Any,
+    adapter: Adapter,
+    workload: Workload,
+    barrier: bool,
+    on_loop: Callable[[], None] = _noop,
+    read_done: str = "none",
 ) -> LoopRun:
     """Build a `Scheduler` with sglang's `__init__` (heavy steps replaced), run its `run_event_loop` on
     `workload` under the trace env, and return what ran. `barrier` False sets `SGLANG_ENABLE_WAR_BARRIER`
@@ -118,7 +124,9 @@ def build_and_run(
             self._mm_processor = None
 
         def init_tp_model_worker(self) -> None:  # the model: the fake worker over sglang's real pools
-            worker = FakeTpWorker(sgl, adapter, self, env, CONTEXT_LEN, workload.pool_rows, KV_TOKENS)
+            worker = FakeTpWorker(
+                sgl, adapter, self, env, CONTEXT_LEN, workload.pool_rows, KV_TOKENS, read_done=read_done
+            )
             worker_holder["worker"] = worker
             self.tp_worker = worker
 
