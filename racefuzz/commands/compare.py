@@ -39,4 +39,8 @@ def compare_command(args: argparse.Namespace) -> int:
     run = getattr(scenario, "compare_command", None)
     if run is None:
         raise InvalidArgument(f"the {scenario.name} scenario has no cost comparison")
-    return run(designs, resolve_backend(args.backend), args)
+    try:
+        return run(designs, resolve_backend(args.backend), args)
+    except OSError as exc:  # checked before the work, but the disk may fill: say what was not written
+        lost = exc.filename or " / ".join(str(p) for p in (args.json, args.plot) if p is not None) or "an output file"
+        raise InvalidArgument(f"cannot write {lost}: {exc.strerror or exc} (the table above is complete)") from None

@@ -67,9 +67,10 @@ class TraceFixture:
         from racefuzz.trace.report import render
         from racefuzz.trace.search import fuzz, step_name
 
+        watch = (watch,) if isinstance(watch, str) else tuple(watch)  # one name, not its letters
         options = dict(
             device=self.device,
-            watch=tuple(watch),
+            watch=watch,
             examples=examples or self.examples,
             max_delays=max_delays,
             seed=self.seed,

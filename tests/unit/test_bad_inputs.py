@@ -285,13 +285,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("run json /dev/full", ["run", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular file"),
     ("compare json /dev/full", ["compare", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular"),
     ("compare plot /dev/full", ["compare", "--plot", "/dev/full"], ExitCode.USAGE, "--plot /dev/full: not a regular"),
-    ("bench json /dev/full", ["bench", "engine", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a"),
     ("prove json /dev/full", ["prove", "--json", "/dev/full"], ExitCode.USAGE, "--json /dev/full: not a regular"),
     ("prove report dir", ["prove", "--report-dir", "notes.txt"], ExitCode.USAGE, "exists and is not a directory"),
-    # -- bench
-    ("bench --out scope", ["bench", "engine", "--out", "d"], ExitCode.USAGE, "--out applies to"),
-    ("bench --quick scope", ["bench", "scenario", "--quick"], ExitCode.USAGE, "--quick applies to"),
-    ("bench json dir", ["bench", "mutants", "--json", ".racefuzz"], ExitCode.USAGE, "is a directory, not a file"),
+    # -- the benchmarks are `python -m ci.bench` (tests/unit/test_ci_bench.py), not a racefuzz command
+    ("bench", ["bench", "engine"], ExitCode.USAGE, "invalid choice: 'bench'"),
 ]
 
 
@@ -663,3 +660,25 @@ def test_a_bad_trace_replay_file_is_one_usage_line(
         assert run(argv) == ExitCode.USAGE
         line = _one_line_error(capsys.readouterr().err)
         assert message in line and "r.json" in line
+
+
+def test_the_fixture_takes_one_watch_name_as_a_name_not_its_letters(steps: Path) -> None:
+    from racefuzz.trace.example import racy_step
+    from racefuzz.trace.fixture import RaceInTrace, TraceFixture
+
+    with pytest.raises(RaceInTrace):  # before: "unknown watch name(s) _, e, k, n, o, q, r, t"
+        TraceFixture("sim", 5, None, None).fuzz(racy_step, watch="req_to_token")
+
+
+def test_compare_whose_output_cannot_be_written_after_all_says_so_in_one_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from racefuzz.scenarios import get_scenario
+
+    def full_disk(designs: object, backend: str, args: object) -> int:
+        raise OSError(28, "No space left on device", "out.png")
+
+    monkeypatch.setattr(type(get_scenario()), "compare_command", lambda self, *a: full_disk(*a))
+    assert run(["compare", "--plot", "out.png", "--workloads", "2"]) == ExitCode.USAGE
+    line = _one_line_error(capsys.readouterr().err)
+    assert "cannot write out.png: No space left on device" in line
