@@ -42,7 +42,7 @@ def process_group(name: str) -> Any:
 class Adapter:
     """sglang 0.5.23 (and what later versions keep)."""
 
-    name = "0.5.23"
+    name = "runtime_context.publish (0.5.22+)"
     read_done_slot = ("last_shared_read_runner", "shared_read_done_event")
     """The worker property the scheduler's `_apply_war_barrier` reads, and the runner's event attribute."""
 
@@ -251,7 +251,7 @@ class Adapter0515(Adapter):
     context has a fixed field set (`runtime_context._PARALLEL_FIELDS`), and `Scheduler.__init__` takes
     the ranks as arguments."""
 
-    name = "0.5.14-0.5.16"
+    name = "0.5.14-0.5.2x (legacy config publication)"
     read_done_slot = ("war_fastpath_runner", "war_fastpath_read_done_event")
 
     @contextlib.contextmanager
@@ -287,15 +287,31 @@ class Adapter0515(Adapter):
         return (server_args, port_args, 0, 0, 0, 0, 0, 0, None)
 
 
-ADAPTERS: tuple[tuple[tuple[int, ...], type[Adapter]], ...] = (((0, 5, 14), Adapter0515), ((0, 5, 17), Adapter))
+MINIMUM = (0, 5, 14)
+"""The oldest version the harness drives (its `_apply_war_barrier` and `FutureMap`)."""
 
 
-def adapter_for(version_text: str) -> Adapter:
+def adapter_for(version_text: str, python_dir: str | None = None) -> Adapter:
+    """The adapter for these sources: by what they define (sglang's config publication moved to
+    `runtime_context.publish(..., ranks=SpawnRanks(...))` between 0.5.20 and 0.5.22: `Adapter`; before it,
+    the legacy setter and rank arguments: `Adapter0515`), refusing versions older than `MINIMUM`."""
+    import os
+
     version = parse_version(version_text)
-    chosen = None
-    for since, cls in ADAPTERS:
-        if version >= since:
-            chosen = cls
-    if chosen is None:
-        raise Unsupported(f"sglang {version_text}: no adapter (the harness drives 0.5.14 and later)")
-    return chosen()
+    if version and version < MINIMUM:
+        raise Unsupported(
+            f"sglang {version_text}: older than {'.'.join(map(str, MINIMUM))}: its WAR barrier is inline in the "
+            "loop and enabled by is_cuda() alone (no SGLANG_ENABLE_WAR_BARRIER), which the CPU harness cannot "
+            "turn on"
+        )
+    if python_dir is not None:
+        path = os.path.join(python_dir, "sglang", "srt", "runtime_context.py")
+        try:
+            with open(path) as file:
+                text = file.read()
+        except OSError:
+            raise Unsupported(f"{path} is missing: the harness drives sglang 0.5.14 and later") from None
+        return Adapter() if "class SpawnRanks" in text else Adapter0515()
+    if not version:
+        raise Unsupported(f"sglang {version_text}: unknown version and no sources to look at")
+    return Adapter() if version >= (0, 5, 22) else Adapter0515()

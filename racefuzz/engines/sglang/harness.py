@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if version == "unknown" and args.sglang_version:
             version = args.sglang_version
         out["version"] = version
-        adapter = adapter_for(version)
+        adapter = adapter_for(version, args.python_dir)
         out["adapter"] = adapter.name
         import_began = time.perf_counter()
         adapter.check(None)
