@@ -15,7 +15,6 @@ module) and `python -m racefuzz.cli` import this module; the subcommands take th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 from collections.abc import Sequence
@@ -23,15 +22,11 @@ from pathlib import Path
 
 from racefuzz import __version__
 from racefuzz.commands import argtypes
-from racefuzz.errors import InvalidArgument, RacefuzzError, UserCodeError
+from racefuzz.errors import RacefuzzError, UserCodeError
 from racefuzz.exitcodes import MEANINGS, ExitCode
 from racefuzz.outputs import DEFAULT_REPORT_DIR
 
 DEFAULT_EXAMPLE_TIMEOUT_S = argtypes.DEFAULT_EXAMPLE_TIMEOUT_S
-
-BENCHMARKS = ("mutants", "engine", "scenario", "matrix", "gpu", "trace")
-MAX_BENCH_PROCESSES = 64
-"""`bench gpu --processes`' bound (racefuzz.bench.gpu.MAX_PROCESSES, not imported here: that imports the search)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -214,40 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"as for run (default {DEFAULT_EXAMPLE_TIMEOUT_S:g})",
     )
 
-    bench = command("bench", "benchmarks: print a table; --json (and for matrix --out) write files")
-    bench.add_argument(
-        "which",
-        nargs="?",
-        default="mutants",
-        choices=BENCHMARKS,
-        help="mutants (default): kill rate and baselines; engine, scenario, matrix: simulator; gpu: the CUDA "
-        "backend; trace: racefuzz trace's recording cost per op",
-    )
-    bench.add_argument("--backend", choices=("sim", "cuda"), default="sim", help="for `mutants` (default sim)")
-    bench.add_argument("--json", type=argtypes.path, help="write the raw figures here")
-    bench.add_argument(
-        "--out",
-        type=argtypes.path,
-        help="for `matrix`: write each racy cell's replay file and report under DIR/counterexamples/ "
-        "(default: write none; the committed ones are regenerated with --out docs/results)",
-    )
-    bench.add_argument(
-        "--quick", action="store_true", help="for `mutants`: fewer seeds and examples (a smoke run, ~1 minute)"
-    )
-    bench.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default=None,
-        help="for `mutants`: the main search's schedule strategy (default random; `orders`: forced orders alone)",
-    )
-    bench.add_argument(
-        "--processes",
-        type=argtypes.bounded_int(1, MAX_BENCH_PROCESSES, "a positive integer"),
-        default=None,
-        metavar="N",
-        help=f"for `gpu`: N search processes share the GPU, 1 to {MAX_BENCH_PROCESSES} (default 1); the figures "
-        "are then examples/s per GPU with N processes",
-    )
+    command("selfcheck", "what the CUDA backend measures on this machine (spin accuracy, the cost of one example)")
     from racefuzz.commands.trace import add_parser as add_trace_parser
 
     add_trace_parser(command)
@@ -357,44 +319,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from racefuzz.commands.sglang import sglang_command
 
         return sglang_command(args)
-    if args.command == "bench":
-        return _bench(args)
+    if args.command == "selfcheck":
+        from racefuzz.selfcheck import main as selfcheck
+
+        return selfcheck()
     raise AssertionError(f"unhandled command {args.command}")
-
-
-def _bench(args: argparse.Namespace) -> int:
-    import importlib
-
-    from racefuzz.backends import resolve_backend
-    from racefuzz.outputs import check_output_dir, check_output_file, write_text
-
-    if args.backend != "sim" and args.which != "mutants":
-        raise InvalidArgument(f"--backend applies to `racefuzz bench mutants` only, not to {args.which}")
-    if args.out is not None and args.which != "matrix":
-        raise InvalidArgument(f"--out applies to `racefuzz bench matrix` only, not to {args.which}")
-    if args.quick and args.which != "mutants":
-        raise InvalidArgument(f"--quick applies to `racefuzz bench mutants` only, not to {args.which}")
-    if args.strategy is not None and args.which != "mutants":
-        raise InvalidArgument(f"--strategy applies to `racefuzz bench mutants` only, not to {args.which}")
-    if args.processes is not None and args.which != "gpu":
-        raise InvalidArgument(f"--processes applies to `racefuzz bench gpu` only, not to {args.which}")
-    if args.json is not None:
-        check_output_file(args.json, "--json")
-    if args.out is not None:
-        check_output_dir(args.out, "--out")
-    bench = importlib.import_module(f"racefuzz.bench.{args.which}")
-    if args.which == "mutants":
-        results = bench.run(backend=resolve_backend(args.backend), quick=args.quick, strategy=args.strategy or "random")
-    elif args.which == "matrix":
-        results = bench.run(out=args.out)
-    elif args.which == "gpu":
-        results = bench.run(processes=args.processes or 1)
-    else:
-        results = bench.run()
-    print(bench.render(results))
-    if args.json is not None:
-        write_text(args.json, json.dumps(results, indent=2) + "\n")
-    return ExitCode.CLEAN
 
 
 if __name__ == "__main__":

@@ -150,16 +150,17 @@ ABOVE_THE_CORE = (
     "racefuzz.progress",
     "racefuzz.prove",
     "racefuzz.selfcheck",
+    "racefuzz.testing_programs",
     "racefuzz.trace",
     "racefuzz.search",
     "racefuzz.results",
     "racefuzz.backends",
 )
-"""The layers of docs/architecture.md above the core. `racefuzz.watchdog` (stdlib only: the checkpoint a design
-hook passes, Ctrl-C, the per-example watchdog), `errors`, `exitcodes` and `outputs` are leaves any layer may
-import."""
+"""The layers of docs/architecture.md above the core."""
 
-LEAVES = ("racefuzz.watchdog", "racefuzz.errors", "racefuzz.exitcodes", "racefuzz.outputs")
+LEAVES = ("racefuzz.watchdog", "racefuzz.errors", "racefuzz.exitcodes", "racefuzz.outputs", "racefuzz.progress")
+"""Stdlib-only modules any layer may import: `watchdog` (the checkpoint a design hook passes, signals, the
+per-example watchdog), the exceptions and exit codes, output paths and their fallback, progress lines."""
 
 SCENARIO_SURFACE = ("racefuzz.scenarios.sglang.compare", "racefuzz.scenarios.sglang.real_kernels")
 """What lives with its scenario above the core: its own command (`Scenario.compare_command`, behind `racefuzz

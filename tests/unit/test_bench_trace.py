@@ -1,4 +1,4 @@
-"""`racefuzz bench trace`: the recording cost of the trace workloads (in-place micro, out-of-place), from
+"""`python -m ci.bench trace`: the recording cost of the trace workloads (in-place micro, out-of-place), from
 fresh processes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from racefuzz.bench import trace as bench_trace
+from ci.bench import trace as bench_trace
 from racefuzz.errors import BackendUnavailable
 
 pytest.importorskip("torch")

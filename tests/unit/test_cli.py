@@ -208,33 +208,6 @@ def test_no_module_of_the_package_imports_the_cli() -> None:
     assert importers == []
 
 
-def test_bench_out_and_backend_apply_to_their_benchmarks_only(capsys, tmp_path: Path) -> None:
-    code, _, err = run(capsys, "bench", "engine", "--out", str(tmp_path))
-    assert code == ExitCode.USAGE and "--out applies to `racefuzz bench matrix` only" in err
-    code, _, err = run(capsys, "bench", "matrix", "--backend", "cuda")
-    assert code == ExitCode.USAGE and "--backend applies to `racefuzz bench mutants` only" in err
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_bench_matrix_writes_files_only_where_asked(capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from racefuzz.bench import matrix
-
-    monkeypatch.setattr(matrix, "EXAMPLES", 20)
-    monkeypatch.chdir(tmp_path)
-    code, out, _ = run(capsys, "bench", "matrix")
-    assert code == ExitCode.CLEAN and "| `none` |" in out
-    assert list(tmp_path.iterdir()) == [], "without --out or --json nothing is written (no ./docs/results/)"
-
-    code, out, _ = run(capsys, "bench", "matrix", "--out", "results", "--json", "matrix.json")
-    assert code == ExitCode.CLEAN
-    cells = json.loads((tmp_path / "matrix.json").read_text())["cells"]
-    written = [Path(c["replay_file"]) for c in cells if c.get("replay_file")]
-    assert written and all(path.parts[:2] == ("results", "counterexamples") for path in written)
-    assert all(path.exists() and path.with_suffix(".txt").exists() for path in written)
-    assert all(f"`{path}`" in out for path in written), "the table names the files it wrote"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.json", "results"]
-
-
 def test_a_design_typo_and_the_first_line_come_before_hypothesis_and_torch_are_imported(tmp_path):
     """A fast start: `racefuzz run` reports a mistyped design, and prints its first line, having imported
     neither Hypothesis nor torch (together ~2.5 s on a CPU machine; Hypothesis alone ~0.25 s)."""

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from racefuzz import Schedule, find_corruptions, find_races, simulate
-from racefuzz.bench.engine import overlap_shaped_program
 from racefuzz.hb import analysis
 from racefuzz.program import (
     DeviceSync,
@@ -29,6 +28,7 @@ from racefuzz.program import (
 )
 from racefuzz.schedulers.orders import decode_orders
 from racefuzz.sim import SimConfig
+from racefuzz.testing_programs import overlap_shaped_program
 
 
 def brute_force_races(program: Program) -> set[tuple[int, int, str]]:

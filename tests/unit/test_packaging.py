@@ -71,6 +71,20 @@ def test_wheel_contains_the_kernels(wheel: Path) -> None:
     assert not any(name.startswith("tests/") or name.startswith("properties/") for name in names)
 
 
+def test_wheel_ships_no_benchmark_code(wheel: Path) -> None:
+    """The benchmarks, the GPU proof and their runner live in ci/bench/ (run from a checkout): the wheel has
+    the package and its kernels only, and none of its modules names the benchmarks."""
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
+    assert not [name for name in names if name.startswith(("racefuzz/bench/", "ci/"))]
+    assert all(name.startswith(("racefuzz/", "racefuzz-")) for name in names), names
+    assert "racefuzz/selfcheck.py" in names and "racefuzz/cli.py" in names  # the product's own check stays
+    assert not [name for name in names if Path(name).stem in ("proof", "sglang_overlap") or "bench" in name]
+    sources = {name: archive.read(name).decode() for name in names if name.endswith(".py")}
+    imports_ci = re.compile(r"^\s*(from|import)\s+ci\b", re.MULTILINE)
+    assert not [name for name, text in sources.items() if "racefuzz.bench" in text or imports_ci.search(text)]
+
+
 def test_installed_wheel_finds_kernels_through_importlib_resources(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     subprocess.run(

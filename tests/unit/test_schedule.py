@@ -41,9 +41,9 @@ def test_forced_orders_hold_never_deadlock_and_fix_every_load(seed: int, n_ops: 
     import numpy as np
 
     from racefuzz import simulate
-    from racefuzz.bench.engine import overlap_shaped_program
     from racefuzz.hb import find_races
     from racefuzz.schedulers.orders import decode_orders
+    from racefuzz.testing_programs import overlap_shaped_program
 
     program = overlap_shaped_program(n_ops, seed)
     schedule = decode_orders(data, program)
@@ -61,10 +61,10 @@ def test_forced_orders_hold_never_deadlock_and_fix_every_load(seed: int, n_ops: 
 
 
 def test_forced_orders_invert_races_and_shrink_to_issue_order() -> None:
-    from racefuzz.bench.engine import overlap_shaped_program
     from racefuzz.memory import in_order_loads
     from racefuzz.schedulers.orders import decode_orders
     from racefuzz.sim import simulate
+    from racefuzz.testing_programs import overlap_shaped_program
 
     inverted = 0
     for seed in range(40):

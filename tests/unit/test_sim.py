@@ -87,8 +87,8 @@ def test_the_no_replay_shortcut_gives_the_replayed_loads() -> None:
     # replay; track_writers always replays. Both must load the same values, on runs that corrupt and not.
     import random
 
-    from racefuzz.bench.engine import overlap_shaped_program
     from racefuzz.memory import in_order_loads
+    from racefuzz.testing_programs import overlap_shaped_program
 
     shortcut = corrupted = 0
     for seed in range(60):

@@ -1,9 +1,12 @@
-"""`python -m racefuzz.bench.selfcheck`: what the CUDA backend measures on this machine.
+"""`racefuzz selfcheck`: what the CUDA backend measures on this machine.
 
 Prints the software and device, how long spins of requested lengths really last
 (also right after the GPU sat idle, when its clock may have dropped), and what one `execute` costs next to a
 hand-written replay of the same ops. These are figures for a report, not a test: nothing here asserts.
-Exits 2 with the reason when no usable GPU is here.
+Without a usable GPU: a `BackendUnavailable` with the reason (one line, exit 2).
+
+The scenario's programs come through the registry (`racefuzz.scenarios.get_scenario`), as every generic
+module reaches a scenario: a small workload of sglang's overlap loop, given as its JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from racefuzz.backends import cuda
+from racefuzz.errors import BackendUnavailable
 from racefuzz.litmus import all_litmus
 from racefuzz.program import (
     DeviceSync,
@@ -31,7 +35,20 @@ from racefuzz.program import (
     WaitEvent,
     WaitStream,
 )
+from racefuzz.scenarios import get_scenario
 from racefuzz.schedule import NO_DELAYS
+
+SCENARIO = "sglang-overlap"
+WORKLOAD: dict[str, object] = {
+    "requests": [
+        {"prompt_len": 8, "accepts": [2, 3, 1, 4], "rewrite_at": [1]},
+        {"arrival": 1, "prompt_len": 5, "accepts": [1, 2]},
+    ],
+    "iterations": 8,
+    "plan_stream": True,
+}
+"""The measured scenario program's workload (its other fields take the scenario's defaults): two requests,
+eight iterations, the plan stream on."""
 
 
 def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
@@ -48,12 +65,9 @@ def _per_call_us(fn: Callable[[], object], repeats: int) -> float:
 
 
 def _scenario_program() -> Program:
-    """A small sglang overlap-loop program (two requests, eight iterations, plan stream, global WAR barrier)."""
-    from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
-    from racefuzz.scenarios.sglang.designs import BUILTIN
-
-    requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
-    return build_program(Workload(requests, iterations=8, plan_stream=True), BUILTIN["global-war"])
+    """A small sglang overlap-loop program (`WORKLOAD` under the global WAR barrier)."""
+    scenario = get_scenario(SCENARIO)
+    return scenario.build_program(scenario.workload_from_json(WORKLOAD), scenario.designs()["global-war"])
 
 
 class _PlainReplay(OpVisitor[None]):
@@ -160,13 +174,11 @@ def _short(exc: Exception) -> str:
 def _designs_without_delays() -> None:
     """Per built-in design: GPU runs that corrupted, and whether the GPU loaded what the simulator did."""
     from racefuzz import find_corruptions, simulate
-    from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
-    from racefuzz.scenarios.sglang.designs import BUILTIN
 
-    requests = (RequestSpec(prompt_len=8, accepts=(2, 3, 1, 4), rewrite_at=(1,)), RequestSpec(1, 5, accepts=(1, 2)))
-    workload = Workload(requests, iterations=8, plan_stream=True)
-    for name, design in BUILTIN.items():
-        program = build_program(workload, design)
+    scenario = get_scenario(SCENARIO)
+    workload = scenario.workload_from_json(WORKLOAD)
+    for name, design in scenario.designs().items():
+        program = scenario.build_program(workload, design)
         sim = simulate(program, NO_DELAYS)
         sim_bad = bool(find_corruptions(program, sim.observations))
         corrupted = equal = 0
@@ -184,8 +196,7 @@ def _designs_without_delays() -> None:
 def main() -> int:
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
-        print(f"no usable GPU: {reason}")
-        return 2
+        raise BackendUnavailable(f"racefuzz selfcheck needs a CUDA GPU: {reason}")
     import cupy
     import torch
 
@@ -245,7 +256,3 @@ def main() -> int:
     except Exception as exc:
         print(f"  fails: {type(exc).__name__}: {_short(exc)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,13 +5,13 @@ the scenario builds the program under the design, the simulator runs it, and bot
 The default workload distribution is up to 8 requests; figures are given for exactly 8 iterations (the
 issue's "default workload") and for 1 to 8 iterations (what `racefuzz run` draws), each the median of
 three runs of 3000 examples. Goal: >= 1,000 examples/s on the default workload (8 iterations). Run it
-pinned to one core: `taskset -c 0 racefuzz bench scenario`.
+pinned to one core: `taskset -c 0 python -m ci.bench scenario` (raw output in docs/results/scenario-sim/).
 
-`host_cost()` (`python -m racefuzz.bench.scenario --host-cost`) measures the other half of a GPU search:
+`host_cost()` (`python -m ci.bench scenario --host-cost`) measures the other half of a GPU search:
 the host time per example spent *outside* the backend (Hypothesis' draw, decoding the workload, building
 the program, the sequential reference, the happens-before verdict, the schedule's decode, the search's
 bookkeeping and the comparison of the loads with the reference). It runs `search` with the settings
-`racefuzz bench gpu` uses (a batch of DEFAULT_GPU_BATCH, k = DEFAULT_GPU_REPEAT, 300 us minimum delay)
+`python -m ci.bench gpu` uses (a batch of DEFAULT_GPU_BATCH, k = DEFAULT_GPU_REPEAT, 300 us minimum delay)
 against `NullExecutor`, a `PreparingExecutor` that runs nothing and returns the reference loads as fresh
 arrays, as the CUDA backend returns what it read back; the seconds spent inside it are subtracted. The
 figure is the process's CPU time (on a shared VM another process's load stretches wall time, not that);
@@ -20,7 +20,6 @@ examples/s is wall time, and includes the null executor.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -131,7 +130,7 @@ def render(results: dict[str, object]) -> str:
 
 HOST_COST_EXAMPLES = 1000
 HOST_COST_ROWS = (
-    # (label, strategy, exactly 8 iterations): `racefuzz bench gpu`'s rows
+    # (label, strategy, exactly 8 iterations): the gpu benchmark's rows
     ("8 gates", "interleave", True),
     ("1-8 gates", "interleave", False),
     ("8", "random", True),
@@ -224,7 +223,7 @@ def _host_cost_run(examples: int, seed: int, strategy: str, fixed: bool) -> dict
 
 
 def host_cost(examples: int = HOST_COST_EXAMPLES, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, object]:
-    """Per-example host µs outside the backend, per row of `racefuzz bench gpu` (see the module doc)."""
+    """Per-example host µs outside the backend, per row of the gpu benchmark (see the module doc)."""
     _host_cost_run(50, 99, "interleave", True)  # warm-up: imports, Hypothesis' first draws
     rows = []
     for label, strategy, fixed in HOST_COST_ROWS:
@@ -264,19 +263,3 @@ def render_host_cost(results: dict[str, object]) -> str:
             f"{row['null_executor_us']:>12.1f} {row['examples_per_s']:>7.1f}  {row['outside_us_each_seed']}"
         )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m racefuzz.bench.scenario", description=__doc__.split("\n")[0])
-    parser.add_argument("--host-cost", action="store_true", help="the host cost outside the backend (see the doc)")
-    parser.add_argument("--examples", type=int, default=None)
-    args = parser.parse_args(argv)
-    if args.host_cost:
-        print(render_host_cost(host_cost(args.examples or HOST_COST_EXAMPLES)))
-    else:
-        print(render(run(args.examples or EXAMPLES)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

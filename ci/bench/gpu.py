@@ -1,6 +1,7 @@
 """GPU examples per second on the overlap scenario, and racefuzz's overhead over a plain replay.
 
-`racefuzz bench gpu` (needs a CUDA GPU; `BackendUnavailable`, exit 2, without one).
+`python -m ci.bench gpu` (needs a CUDA GPU; `BackendUnavailable`, exit 2, without one); raw output in
+docs/results/search-gpu-h200/ (one process) and docs/results/search-gpu-4-processes-h200/.
 
 Examples per second: `search` on the CUDA backend, as `racefuzz run --backend cuda` runs an example:
 Hypothesis draws workloads and schedules from the default distributions (up to 8 requests, up to 4
@@ -34,7 +35,7 @@ backend (Hypothesis's draw, decode, program build, both oracles), with the oracl
 re-measured afterwards on the recorded programs. Goals: >= 100 examples/s and end-to-end overhead
 <= 1.5x.
 
-Processes (`racefuzz bench gpu --processes N`, default 1: all of the above, in one process). The search
+Processes (`python -m ci.bench gpu --processes N`, default 1: all of the above, in one process). The search
 is host-bound, so one process leaves the GPU mostly idle; GPU CI runs racefuzz under pytest-xdist with
 several workers on one GPU. With N > 1, N worker processes (`spawn`ed: CUDA breaks under fork) share the
 GPU. Each sets up once, outside every timed window (imports, CUDA context, the warm-up; reported as each
@@ -296,7 +297,7 @@ class PhaseClock:
     """Stamps the start and end of each timed phase of a measurement (`search`, `replay`) with
     `time.monotonic()`, one clock for every process of the host (CLOCK_MONOTONIC on Linux).
 
-    With a barrier (`racefuzz bench gpu --processes N`), every worker waits for all the others before it
+    With a barrier (`python -m ci.bench gpu --processes N`), every worker waits for all the others before it
     stamps a phase's start, and after stamping its end waits for all the others to finish the phase: the
     workers' searches overlap, then their replays do, and no worker's replay runs beside another's search.
     Without one (a single process) it only stamps.
@@ -461,7 +462,7 @@ def run(
     `processes` > 1: N worker processes share the GPU (`run_processes`)."""
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
-        raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
+        raise BackendUnavailable(f"the gpu benchmark needs a CUDA GPU: {reason}")
     if not 1 <= processes <= MAX_PROCESSES:
         raise InvalidArgument(f"--processes: expected 1 to {MAX_PROCESSES}, got {processes}")
     if processes > 1:
@@ -501,7 +502,7 @@ def run(
     return results
 
 
-# --- `racefuzz bench gpu --processes N`: N search processes sharing one GPU -------------------------------
+# --- `python -m ci.bench gpu --processes N`: N search processes sharing one GPU ----------------------------
 
 MAX_PROCESSES = 64
 """The largest --processes accepted: a bound, so that a typo does not start thousands of CUDA contexts."""
@@ -765,7 +766,7 @@ def _gpu_setup(index: int) -> dict[str, Any]:
     """A worker's set-up: the GPU check, imports and CUDA context, the warm-up; the versions (untimed)."""
     reason = cuda.cuda_unavailable_reason()
     if reason is not None:
-        raise BackendUnavailable(f"racefuzz bench gpu needs a CUDA GPU: {reason}")
+        raise BackendUnavailable(f"the gpu benchmark needs a CUDA GPU: {reason}")
     _warm_up()
     return _versions()
 
@@ -944,7 +945,7 @@ def render(results: dict[str, Any]) -> str:
 
 def mutant_with_gates(name: str, examples: int = 300, seed: int = 0) -> dict[str, Any]:
     """One mutant searched on the GPU with forced orders alone (strategy `orders`, no spin, k=K), as
-    `racefuzz bench mutants --backend cuda` searches it with delays; then its counterexample replayed in
+    `python -m ci.bench mutants --backend cuda` searches it with delays; then its counterexample replayed in
     fresh runs, once (1/1) and K times (K/K). A JSON-able row."""
     from racefuzz.scenarios import get_scenario
     from racefuzz.search import judge, reproduces

@@ -1,4 +1,4 @@
-"""`racefuzz bench trace`: what recording costs per op in `racefuzz trace`, on two workloads of
+"""`python -m ci.bench trace`: what recording costs per op in `racefuzz trace`, on two workloads of
 `python -m ci.bench proof micro --workload`: `micro`, small in-place torch ops alternating between two streams
 with a `wait_stream` each, and `out-of-place`, `c = a + b` on one stream (a fresh tensor and a free each
 op: the workload of CSAN's ~110 us/op figure).
@@ -36,13 +36,13 @@ def run(runs: int = RUNS) -> dict[str, Any]:
     try:
         import torch
     except ImportError as error:
-        raise BackendUnavailable(f"racefuzz bench trace needs torch ({error})") from None
+        raise BackendUnavailable(f"the trace benchmark needs torch ({error})") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results: dict[str, Any] = {"device": device, "runs": runs, "goal_us_per_op": GOAL_US_PER_OP, "rows": []}
     for workload in WORKLOADS:
         for path, flag in PATHS.items():
             print(
-                f"racefuzz bench trace: {workload}, the {path} path on {device}, {runs} rounds (a fresh process)",
+                f"ci.bench trace: {workload}, the {path} path on {device}, {runs} rounds (a fresh process)",
                 file=sys.stderr,
             )
             results["rows"].append({"workload": workload, "path": path, **_micro(device, runs, flag, workload)})
@@ -63,10 +63,10 @@ def _micro(device: str, runs: int, flag: str, workload: str = "micro") -> dict[s
             cwd=Path(__file__).resolve().parents[2],  # the repository root, where `ci` is importable
         )
     except subprocess.TimeoutExpired:
-        raise BackendUnavailable(f"racefuzz bench trace: `{' '.join(command)}` ran past {TIMEOUT_S} s") from None
+        raise BackendUnavailable(f"`{' '.join(command)}` ran past {TIMEOUT_S} s") from None
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackendUnavailable(f"racefuzz bench trace: the micro workload failed on {device}: {last}")
+        raise BackendUnavailable(f"the {workload} workload failed on {device}: {last}")
     figures: dict[str, Any] = {"fast_path_unavailable": "fast path is unavailable" in out.stderr}
     for line in out.stdout.splitlines():
         label, _, rest = line.partition(" ")
@@ -76,7 +76,7 @@ def _micro(device: str, runs: int, flag: str, workload: str = "micro") -> dict[s
                 if sep and key.endswith("_us_per_op"):
                     figures[key] = float(value)
     if "recording_overhead_us_per_op" not in figures:
-        raise BackendUnavailable(f"racefuzz bench trace: no RECORDING-OVERHEAD line from `{' '.join(command)}`")
+        raise BackendUnavailable(f"no RECORDING-OVERHEAD line from `{' '.join(command)}`")
     return figures
 
 

@@ -1,7 +1,8 @@
 """The mutant benchmark: does racefuzz catch every mutant of `racefuzz.designs.mutants`, how fast, by which
 oracle, and what do the baselines catch in the same run?
 
-`racefuzz bench [mutants] --backend sim|cuda [--json PATH]`. For every mutant, on its hazards:
+`python -m ci.bench mutants --backend sim|cuda [--json PATH]` (raw output in docs/results/mutants-sim/ and
+docs/results/mutants-gpu-h200/). For every mutant, on its hazards:
 
 * **racefuzz** (the default random delay strategy, seed 0): caught or not, by which oracle (the strongest
   that fired: `corruption` = manifested, `happens-before` = an unordered conflicting pair, `allocation` =
@@ -70,6 +71,9 @@ from racefuzz.scenarios.sglang import (
 from racefuzz.scenarios.sglang.mutants import MUTANTS
 from racefuzz.search import GPU_MIN_DELAY_US, SearchResult, judge, minimize, reproduces, search
 
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: the CSAN child runs `python -m ci.bench.mutants` there."""
+
 CLEAN = (
     ("war-after-launch", ALL_HAZARDS),
     ("global-war", PRE_LAUNCH_HAZARDS + OPT_IN_HAZARDS),
@@ -115,7 +119,7 @@ QUICK: dict[str, int] = {
     "minimize_budget": 100,
     "csan_examples": 0,
 }
-"""`racefuzz bench mutants --quick`: a smoke run (under 90 s on the simulator): fewer examples and seeds,
+"""`python -m ci.bench mutants --quick`: a smoke run (under 90 s on the simulator): fewer examples and seeds,
 smaller false-alarm budgets, no CSAN. Its figures are not the committed ones."""
 
 
@@ -384,7 +388,8 @@ def run(
     return {
         "benchmark": "mutants",
         "backend": backend,
-        "command": f"racefuzz bench mutants --backend {backend}{' --quick' if quick else ''} --json PATH",
+        "command": f"python -m ci.bench mutants --backend {backend}{' --quick' if quick else ''}"
+        f"{'' if strategy == 'random' else f' --strategy {strategy}'} --json PATH",
         "strategy": strategy,
         "environment": environment,
         "settings": chosen,
@@ -434,7 +439,8 @@ def _csan_in_child(rows: list[dict[str, Any]], examples: int, timeout_s: float =
         inp.write_text(json.dumps(request))
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "racefuzz.bench.mutants", "--csan-worker", str(inp), str(out)],
+                [sys.executable, "-m", "ci.bench.mutants", "--csan-worker", str(inp), str(out)],
+                cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -687,8 +693,8 @@ def render(results: dict[str, Any]) -> str:
 def detection_rates(seeds: int = 50, budget: int = 1000, strategy: str = "random") -> dict[str, Any]:
     """Per mutant, over `seeds` seeds on the simulator: the examples to the first detection (any oracle)
     and to the first manifested corruption, each None when not within `budget`. The detection
-    probabilities that tests/quality relies on are read off these (`python -m racefuzz.bench.mutants
-    --rates SEEDS BUDGET OUT.json`; committed as docs/results/bench-mutants-rates-sim.json)."""
+    probabilities that tests/quality relies on are read off these (`python -m ci.bench mutants --rates SEEDS
+    BUDGET OUT.json`; committed as docs/results/mutant-rates-sim/rates.json)."""
     sim = executor("sim")
     out: dict[str, Any] = {
         "benchmark": "mutant detection rates",
@@ -717,8 +723,5 @@ def detection_rates(seeds: int = 50, budget: int = 1000, strategy: str = "random
     return out
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--csan-worker":
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--csan-worker":  # `_csan`'s child process
     Path(sys.argv[3]).write_text(json.dumps(_csan_worker(json.loads(Path(sys.argv[2]).read_text()))))
-elif __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--rates":
-    rates = detection_rates(int(sys.argv[2]), int(sys.argv[3]))
-    Path(sys.argv[4]).write_text(json.dumps(rates, indent=1) + "\n")
