@@ -232,6 +232,7 @@ def handle_signals(*, held: Sequence[int] = ()) -> Iterator[None]:
         sys.unraisablehook = _previous_unraisablehook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _signals = _Signals()  # a later caller in this process starts with no signal received
 
 
 @contextmanager

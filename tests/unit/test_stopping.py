@@ -41,7 +41,8 @@ HANG_S = 120.0
 LONG_SEARCH = ["--backend", "sim", "--design", "war-after-launch", "--examples", str(10**8), "--database", "none"]
 """A search far longer than any test: it only ends by a signal."""
 RACY_SEARCH = ["--backend", "sim", "--design", "none", "--no-control", "--examples", "2000", "--database", "none"]
-"""A search that finds, shrinks and writes a race within seconds."""
+RACY_SEARCH += ["--seed", "1"]
+"""A search that finds, shrinks and writes a race within seconds (seed 1: among the cheapest to shrink)."""
 
 
 def _hide_matplotlib(root: Path) -> Path:
@@ -194,6 +195,7 @@ def test_in_a_hold_region_signals_are_noted_until_the_third() -> None:
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is not watchdog._on_signal  # the caller's handler is back
+    assert watchdog.signal_received() is None  # and a later command in this process starts afresh
 
 
 def test_in_a_search_the_first_signal_stops_at_the_next_checkpoint_and_the_second_at_once() -> None:
