@@ -42,7 +42,9 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--source", type=Path, help="an sglang checkout's python/ directory (or the checkout)")
     parser.add_argument(
-        "--sglang-version", help="with --source: which adapter to use when the tree has no _version.py (e.g. 0.5.23)"
+        "--sglang-version",
+        help="with --source: the tree's version when it has no sglang/_version.py (a git checkout), e.g. 0.5.23: "
+        "reported, and checked against the oldest version the harness drives",
     )
     parser.add_argument(
         "--workload",

@@ -105,6 +105,27 @@ def test_the_barriers_fast_path_trusts_the_read_done_event() -> None:
     assert before["runs"][0]["races"], "a read-done event recorded before the reads was trusted unnoticed"
 
 
+def test_the_assertion_api_raises_as_the_cli_exits(
+    loop_results: dict[str, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`assert_loop_race_free` on the module's harness results (not a third run: the tests stay short)."""
+    import racefuzz.commands.sglang as command
+    from racefuzz.engines.sglang import assert_loop_race_free
+    from racefuzz.errors import RaceFound
+
+    asked = []
+
+    def harness(path: Path, workloads: list, control: bool, version: str | None, *rest: object) -> dict:
+        asked.append((path, version, control))
+        return loop_results[version or ""]
+
+    monkeypatch.setattr(command, "run_harness", harness)
+    with pytest.raises(RaceFound, match=r"cache_unfinished_req"):
+        assert_loop_race_free(version="0.5.15")
+    assert assert_loop_race_free(version="0.5.23")["status"] == "ok"
+    assert [(version, control) for _, version, control in asked] == [("0.5.15", True), ("0.5.23", True)]
+
+
 def test_the_loop_runs_sglangs_own_functions(loop_results: dict[str, dict]) -> None:
     functions = set(loop_results["0.5.23"]["runs"][0]["sglang_functions"])
     for name in (
