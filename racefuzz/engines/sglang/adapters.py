@@ -1,9 +1,10 @@
 """Per-version differences of sglang that the harness absorbs: how the server config is published, how
 requests arrive, what a worker exposes for the barrier's read-done slot, where modules live.
 
-`adapter_for(version_text)` picks one by the sources' own version (`sglang/version.py`). Each difference
-names the version it comes from; a version the harness cannot drive raises `Unsupported` with one line
-naming what is missing (`check`).
+`adapter_for(version, python_dir)` picks one by what the sources define; a version the harness cannot
+drive raises `Unsupported` with one line naming what is missing (`check`, `adapter_for`). Most of the
+churn between versions needs no adapter: the harness runs sglang's own `Scheduler.__init__` and replaces
+only its heavy init steps, by name, so the ~200 attributes the loop reads are set by each version itself.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def process_group(name: str) -> Any:
 class Adapter:
     """sglang 0.5.23 (and what later versions keep)."""
 
-    name = "runtime_context.publish (0.5.22+)"
-    read_done_slot = ("last_shared_read_runner", "shared_read_done_event")
-    """The worker property the scheduler's `_apply_war_barrier` reads, and the runner's event attribute."""
+    name = "runtime_context.publish (0.5.21+)"
 
     required = (
         ("sglang.srt.managers.scheduler", "Scheduler"),
@@ -185,36 +184,6 @@ class Adapter:
     def after_ipc(self, scheduler: Any) -> None:
         pass
 
-    def install_worker(self, scheduler: Any, worker: Any, device_module: Any) -> None:
-        """What `init_model_worker` sets, from the fake worker (0.5.23's `init_model_worker`)."""
-        scheduler.tp_worker = worker
-        scheduler.draft_worker = None
-        scheduler.model_worker = worker
-        scheduler.schedule_stream = device_module.Stream(priority=0)
-        (
-            scheduler.max_total_num_tokens,
-            scheduler.max_prefill_tokens,
-            scheduler.max_running_requests,
-            scheduler.max_queued_requests,
-            scheduler.max_req_len,
-            scheduler.max_req_input_len,
-            scheduler.random_seed,
-            scheduler.device,
-            scheduler.forward_stream,
-            _,
-            _,
-            _,
-        ) = worker.get_worker_info()
-        scheduler.min_free_slots_delayer = None
-        scheduler.kv_cache_allocation_time = 0.0
-        for name in ("tp", "attn_tp", "attn_cp", "dp_tp"):
-            group = process_group(f"{name}_group")
-            setattr(scheduler, f"{name}_group", group)
-            setattr(scheduler, f"{name}_cpu_group", group.cpu_group)
-        scheduler.pp_group = process_group("pp_group")
-        scheduler.world_group = process_group("world_group")
-        scheduler.pad_input_ids_func = None
-
     def install_receiver(self, scheduler: Any, receiver: Any) -> None:
         """Requests arrive through `request_receiver.recv_requests` (0.5.23's `ingest_requests`)."""
         scheduler.request_receiver = mock.MagicMock(name="request_receiver")
@@ -251,8 +220,7 @@ class Adapter0515(Adapter):
     context has a fixed field set (`runtime_context._PARALLEL_FIELDS`), and `Scheduler.__init__` takes
     the ranks as arguments."""
 
-    name = "0.5.14-0.5.2x (legacy config publication)"
-    read_done_slot = ("war_fastpath_runner", "war_fastpath_read_done_event")
+    name = "legacy config publication (0.5.14-0.5.20)"
 
     @contextlib.contextmanager
     def published(self, server_args: Any) -> Iterator[None]:
@@ -293,7 +261,7 @@ MINIMUM = (0, 5, 14)
 
 def adapter_for(version_text: str, python_dir: str | None = None) -> Adapter:
     """The adapter for these sources: by what they define (sglang's config publication moved to
-    `runtime_context.publish(..., ranks=SpawnRanks(...))` between 0.5.20 and 0.5.22: `Adapter`; before it,
+    `runtime_context.publish(..., ranks=SpawnRanks(...))` between 0.5.20 and 0.5.21: `Adapter`; before it,
     the legacy setter and rank arguments: `Adapter0515`), refusing versions older than `MINIMUM`."""
     import os
 
@@ -314,4 +282,4 @@ def adapter_for(version_text: str, python_dir: str | None = None) -> Adapter:
         return Adapter() if "class SpawnRanks" in text else Adapter0515()
     if not version:
         raise Unsupported(f"sglang {version_text}: unknown version and no sources to look at")
-    return Adapter() if version >= (0, 5, 22) else Adapter0515()
+    return Adapter() if version >= (0, 5, 21) else Adapter0515()

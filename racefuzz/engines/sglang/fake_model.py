@@ -257,10 +257,14 @@ class FakeTpWorker(_Strict):
         return self.model_runner
 
     def _publish_read_done(self) -> None:
-        """Record a read-done event on the current stream into the slot the version's barrier reads."""
+        """Record a read-done event on the current stream into the slot the version's barrier reads: the
+        runner's `war_fastpath_read_done_event` (0.5.14-0.5.17, via `war_fastpath_runner`) or
+        `shared_read_done_event` (0.5.19 on, via `last_shared_read_runner`); both properties return the
+        one fake runner, and the barrier clears the slot it reads."""
         event = self.env.event()
         event.record()
-        setattr(self.model_runner, self.adapter.read_done_slot[1], event)
+        self.model_runner.war_fastpath_read_done_event = event
+        self.model_runner.shared_read_done_event = event
 
     # -- the forward -------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
