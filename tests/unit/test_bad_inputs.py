@@ -682,3 +682,19 @@ def test_compare_whose_output_cannot_be_written_after_all_says_so_in_one_line(
     assert run(["compare", "--plot", "out.png", "--workloads", "2"]) == ExitCode.USAGE
     line = _one_line_error(capsys.readouterr().err)
     assert "cannot write out.png: No space left on device" in line
+
+
+def test_a_design_from_a_parent_directory_writes_no_hidden_files(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workdir / "x").mkdir()
+    (workdir / "x" / "d.py").write_text("class Bare:\n    name = 'bare'\n\n\ndesign = Bare()\n")  # no fence: races
+    (workdir / "here").mkdir()
+    monkeypatch.chdir(workdir / "here")
+    argv = ["run", "--design", "../x/d.py:design", "--no-control", "--examples", "200", "--quiet", "--database", "none"]
+    assert run([*argv, "--report-dir", "out"]) == ExitCode.RACE
+    out = capsys.readouterr().out
+    names = sorted(p.name for p in (workdir / "here" / "out").iterdir())
+    assert names and not [n for n in names if n.startswith(".")], names  # was .._x_d.py.design-*.json
+    header, last = out.splitlines()[0], out.strip().splitlines()[-1]
+    assert "design ../x/d.py:design" in header and "RACE FOUND in design ../x/d.py:design" in last
