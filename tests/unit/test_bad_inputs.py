@@ -698,3 +698,15 @@ def test_a_design_from_a_parent_directory_writes_no_hidden_files(
     assert names and not [n for n in names if n.startswith(".")], names  # was .._x_d.py.design-*.json
     header, last = out.splitlines()[0], out.strip().splitlines()[-1]
     assert "design ../x/d.py:design" in header and "RACE FOUND in design ../x/d.py:design" in last
+
+
+def test_prove_says_what_it_proves_and_a_racing_workload_gets_a_replay_file(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["prove", "--design", "self-event", "--max-bytes", "12", "--iterations", "2", "--report-dir", "out"]
+    assert run(argv) == ExitCode.RACE
+    captured = capsys.readouterr()
+    assert "racefuzz: proving self-event: every workload of up to 12 bytes below 2" in captured.err  # not silent
+    replay = captured.out.rsplit("replay the first: racefuzz replay ", 1)[1].split()[0]
+    assert run(["replay", replay]) == ExitCode.RACE  # the exit-code table's promise: exit 1 leaves a replay file
+    assert "happens-before" in capsys.readouterr().out
