@@ -20,8 +20,7 @@ plugin shows each as one line, `racefuzz: <kind>: <message>` (the traceback with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -32,13 +31,13 @@ from hypothesis import seed as hypothesis_seed
 from racefuzz.backends import executor, resolve_backend
 from racefuzz.commands.argtypes import DEFAULT_EXAMPLE_TIMEOUT_S
 from racefuzz.designs import Design, load_design, raise_hook_error
-from racefuzz.errors import ExampleTimeout, Inconclusive, InvalidArgument, RaceFound
+from racefuzz.errors import Inconclusive, InvalidArgument, RaceFound
 from racefuzz.hb import find_races
 from racefuzz.report import save_counterexample
 from racefuzz.scenarios import check_hazards
 from racefuzz.schedule import Schedule
 from racefuzz.search import SearchResult, search
-from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
+from racefuzz.watchdog import WatchedExecutor, watched
 
 
 @dataclass(frozen=True)
@@ -87,19 +86,6 @@ class Config:
 
 def _design(design: str | Design) -> Design:
     return design if isinstance(design, Design) else load_design(design)
-
-
-@contextmanager
-def watched(example_timeout: float | None, on_abandon: Callable[[str], None] | None = None) -> Iterator[None]:
-    """The per-example watchdog and Ctrl-C of `racefuzz run` around an assertion (`racefuzz.watchdog`): an
-    example past `example_timeout` fails it as `ExampleTimeout` (the CLI's exit code 6)."""
-    try:
-        with stoppable(example_timeout, on_abandon):
-            yield
-    except StopRequested as stop:
-        if stop.reason == "timeout":
-            raise ExampleTimeout(stop.detail) from None
-        raise
 
 
 def _search(design: Design, config: Config, backend: str, hazards, options, *, shrink: bool) -> SearchResult:

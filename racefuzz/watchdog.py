@@ -386,3 +386,18 @@ class _Watched:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
+
+
+@contextmanager
+def watched(example_timeout: float | None, on_abandon: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The per-example watchdog and Ctrl-C of `racefuzz run` around an assertion (`stoppable`): an
+    example past `example_timeout` fails it as `ExampleTimeout` (the CLI's exit code 6)."""
+    from racefuzz.errors import ExampleTimeout
+
+    try:
+        with stoppable(example_timeout, on_abandon):
+            yield
+    except StopRequested as stop:
+        if stop.reason == "timeout":
+            raise ExampleTimeout(stop.detail) from None
+        raise

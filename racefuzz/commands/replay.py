@@ -29,7 +29,8 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
                 f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
                 "--backend on the device it was recorded on"
             )
-        from racefuzz.commands.trace import build_recorder, replay_trace, require_torch
+        from racefuzz.commands.trace import replay_trace, require_torch
+        from racefuzz.trace.search import build_recorder
 
         require_torch()
         build_recorder()  # before the watchdog: the fast path's first build is not an example's run

@@ -69,6 +69,7 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
 def trace_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.errors import ExampleTimeout
+    from racefuzz.trace.search import build_recorder
     from racefuzz.watchdog import StopRequested, stoppable
 
     require_torch()
@@ -100,17 +101,9 @@ def require_torch() -> None:
         ) from None
 
 
-def build_recorder() -> None:
-    """Build (or load) the recorder's C++ fast path now, before the watchdog starts: the first build takes
-    10-60 s, more on a loaded machine, and is not an example's run (`--example-timeout` would abandon it)."""
-    from racefuzz.trace import fastpath
-
-    fastpath.load()
-
-
 def _search(args: argparse.Namespace) -> ExitCode:
     from racefuzz.outputs import check_output_dir
-    from racefuzz.trace.search import fuzz, resolve_device
+    from racefuzz.trace.search import fuzz, resolve_device, watched_step
     from racefuzz.watchdog import checkpoint
 
     if not args.step:
@@ -148,28 +141,6 @@ def _search(args: argparse.Namespace) -> ExitCode:
     if control_caught is False:
         return ExitCode.INCONCLUSIVE
     return ExitCode.CLEAN
-
-
-def watched_step(step: Callable, spec: str) -> Callable:
-    """`step`, passing a watchdog checkpoint before and after each run: the per-example timeout and Ctrl-C see
-    a run of the step that never returns as this one (`racefuzz.watchdog`)."""
-    import functools
-
-    from racefuzz.watchdog import checkpoint
-
-    @functools.wraps(step)
-    def run(env: Any) -> Any:
-        checkpoint(f"a run of the step {spec}")
-        returned = step(env)
-        checkpoint(f"judging a run of the step {spec}")
-        return returned
-
-    from racefuzz.designs import split_spec
-
-    file_path, _, attr = split_spec(spec)
-    if file_path is not None:  # named as given (`steps.py:step`), not by the private module it was loaded as
-        run.__module__, run.__qualname__ = str(file_path), attr
-    return run
 
 
 def _render(result: TraceResult, replay_path: Path | None) -> str:
@@ -355,7 +326,14 @@ def replay_trace(
     re-run: the step's happens-before trace is judged instead, as `racefuzz trace --device cpu` does, and a
     race there exits 1 (the output says which verdict it is)."""
     from racefuzz.trace.convert import find_trace_races
-    from racefuzz.trace.search import judge_run, resolve_device, run_once, run_with_delays, watched_ordinals
+    from racefuzz.trace.search import (
+        judge_run,
+        resolve_device,
+        run_once,
+        run_with_delays,
+        watched_ordinals,
+        watched_step,
+    )
     from racefuzz.watchdog import checkpoint
 
     require_torch()

@@ -62,10 +62,9 @@ class TraceFixture:
         `control`: a step that must race (the negative control); if it does not, the verdict on `step`
         means nothing and this fails as `Inconclusive`.
         """
-        from racefuzz.commands.trace import build_recorder, watched_step
-        from racefuzz.testing import watched
         from racefuzz.trace.report import render
-        from racefuzz.trace.search import fuzz, step_name
+        from racefuzz.trace.search import build_recorder, fuzz, step_name, watched_step
+        from racefuzz.watchdog import watched
 
         watch = (watch,) if isinstance(watch, str) else tuple(watch)  # one name, not its letters
         options = dict(

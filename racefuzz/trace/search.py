@@ -367,3 +367,33 @@ def fuzz(
         confirmation = confirm_k_of_k(lambda: attempt(delays) is not None, confirm)
         result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
     return result
+
+
+def build_recorder() -> None:
+    """Build (or load) the recorder's C++ fast path now, before the watchdog starts: the first build takes
+    10-60 s, more on a loaded machine, and is not an example's run (`--example-timeout` would abandon it)."""
+    from racefuzz.trace import fastpath
+
+    fastpath.load()
+
+
+def watched_step(step: Callable, spec: str) -> Callable:
+    """`step`, passing a watchdog checkpoint before and after each run: the per-example timeout and Ctrl-C see
+    a run of the step that never returns as this one (`racefuzz.watchdog`)."""
+    import functools
+
+    from racefuzz.watchdog import checkpoint
+
+    @functools.wraps(step)
+    def run(env: Any) -> Any:
+        checkpoint(f"a run of the step {spec}")
+        returned = step(env)
+        checkpoint(f"judging a run of the step {spec}")
+        return returned
+
+    from racefuzz.designs import split_spec
+
+    file_path, _, attr = split_spec(spec)
+    if file_path is not None:  # named as given (`steps.py:step`), not by the private module it was loaded as
+        run.__module__, run.__qualname__ = str(file_path), attr
+    return run
