@@ -10,7 +10,8 @@ what CSAN reports on each design's step (each CSAN run in its own process: CSAN 
 enabled). The recording costs (`cost` per design, `micro`) run in fresh processes too, each
 timing unrecorded runs with torch's own `torch.cuda` methods (`racefuzz.trace.capture.cuda_api_unpatched`)
 back to back with recorded ones.
-Prints everything; the raw output is committed under docs/results/.
+Prints everything; the raw output is committed under docs/results/sglang-step-proof-h200/ (`proof`) and
+docs/results/sglang-step-cost-h200/ (`cost`).
 """
 
 from __future__ import annotations

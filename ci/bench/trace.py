@@ -8,7 +8,7 @@ dispatch mode, virtual streams: no verdict). Each figure comes from `python -m c
 a fresh process (nothing cached by an earlier figure), whose rounds time the unrecorded baseline, with torch's
 own `torch.cuda` methods, back to back with the recorded runs. Each workload twice: with the C++ fast path and
 with the Python path alone (`RACEFUZZ_TRACE_FASTPATH=0`), so the table says what the fast path is worth on
-this machine.
+this machine. Raw output: docs/results/trace-cost-h200/ and docs/results/trace-cost-cpu/.
 """
 
 from __future__ import annotations
