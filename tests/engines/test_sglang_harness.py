@@ -29,23 +29,38 @@ def _sources_or_skip(version: str) -> Path:
         pytest.skip(f"sglang {version}'s sources are not here: {exc}")
 
 
-@pytest.fixture(scope="module")
-def loop_results() -> dict[str, dict]:
-    """0.5.23 and 0.5.15 on the fixed workload, barrier and control, run once for the module."""
+def _harness_result(tmp_path_factory: pytest.TempPathFactory, version: str, read_done: str = "none") -> dict:
+    """One harness run of `version` on the fixed workload (barrier and control, or the barrier only with a
+    read-done event), computed once per test session: with pytest-xdist the workers share it through a
+    file under a lock (each run costs a subprocess importing sglang)."""
+    from filelock import FileLock
+
     from racefuzz.commands.sglang import run_harness
     from racefuzz.engines.sglang.workload import FIXED
 
-    results = {}
-    for version in ("0.5.23", "0.5.15"):
-        path = _sources_or_skip(version)
-        results[version] = run_harness(path, [FIXED.to_json()], True, version, 600)
-    return results
+    path = _sources_or_skip(version)
+    cache = tmp_path_factory.getbasetemp().parent / f"sglang-harness-{version}-{read_done}.json"
+    with FileLock(f"{cache}.lock"):
+        if cache.is_file():
+            return json.loads(cache.read_text())
+        result = run_harness(path, [FIXED.to_json()], read_done == "none", version, 600, read_done=read_done)
+        cache.write_text(json.dumps(result))
+        return result
+
+
+@pytest.fixture
+def loop_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """0.5.23 and 0.5.15 on the fixed workload, barrier and control, as the test's parameters name them
+    (`@pytest.mark.parametrize("versions", [...])`, default both)."""
+    versions = getattr(request, "param", ("0.5.23", "0.5.15"))
+    return {version: _harness_result(tmp_path_factory, version) for version in versions}
 
 
 def _writes_by(race: dict, function: str) -> bool:
     return any(function in chain for chain in race["second"].get("called_from", []))
 
 
+@pytest.mark.parametrize("loop_results", [("0.5.23",)], indirect=True)
 def test_0_5_23_is_clean_beside_a_caught_control(loop_results: dict[str, dict]) -> None:
     from racefuzz.commands.sglang import version_verdict
 
@@ -66,6 +81,7 @@ def test_0_5_23_is_clean_beside_a_caught_control(loop_results: dict[str, dict]) 
     assert version_verdict(result, control=True) == ExitCode.CLEAN
 
 
+@pytest.mark.parametrize("loop_results", [("0.5.15",)], indirect=True)
 def test_0_5_15_has_the_post_launch_race_of_31687(loop_results: dict[str, dict]) -> None:
     """0.5.15's barrier sits at the loop top, before run_batch: the prefill result's radix-cache rewrite
     of its row (process_batch_result_prefill -> maybe_cache_unfinished_req -> cache_unfinished_req ->
@@ -89,16 +105,12 @@ def test_0_5_15_has_the_post_launch_race_of_31687(loop_results: dict[str, dict])
     assert version_verdict(result, control=True) == ExitCode.RACE
 
 
-def test_the_barriers_fast_path_trusts_the_read_done_event() -> None:
+def test_the_barriers_fast_path_trusts_the_read_done_event(tmp_path_factory: pytest.TempPathFactory) -> None:
     """With a read-done event published after the forward's reads, 0.5.23's `_apply_war_barrier` takes its
     fast path (`schedule_stream.wait_event(ev)`) and stays clean; published before the reads (a wrong
     publisher), the same fast path lets the result processing's rewrite race the reads."""
-    from racefuzz.commands.sglang import run_harness
-    from racefuzz.engines.sglang.workload import FIXED
-
-    path = _sources_or_skip("0.5.23")
-    after = run_harness(path, [FIXED.to_json()], False, "0.5.23", 600, read_done="after")
-    before = run_harness(path, [FIXED.to_json()], False, "0.5.23", 600, read_done="before")
+    after = _harness_result(tmp_path_factory, "0.5.23", "after")
+    before = _harness_result(tmp_path_factory, "0.5.23", "before")
     assert after["status"] == before["status"] == "ok", (after.get("error"), before.get("error"))
     assert "sglang/srt/managers/scheduler.py:_apply_war_barrier" in after["runs"][0]["sglang_functions"]
     assert after["runs"][0]["races"] == []
@@ -126,6 +138,7 @@ def test_the_assertion_api_raises_as_the_cli_exits(
     assert [(version, control) for _, version, control in asked] == [("0.5.15", True), ("0.5.23", True)]
 
 
+@pytest.mark.parametrize("loop_results", [("0.5.23",)], indirect=True)
 def test_the_loop_runs_sglangs_own_functions(loop_results: dict[str, dict]) -> None:
     functions = set(loop_results["0.5.23"]["runs"][0]["sglang_functions"])
     for name in (
