@@ -3,7 +3,8 @@
 `load()` gives the compiled module, or None where it cannot be had: Python before 3.11, no C++ compiler or
 ninja, `RACEFUZZ_TRACE_FASTPATH=0`. It records torch ops below torch's dispatcher, before they reach the
 dispatch mode (`begin`/`end`, which `racefuzz.trace.capture.recording` brackets a recording with): ops that
-write only their arguments (in-place, `out=`) and ops that return fresh tensors from tensor inputs; and,
+write only their arguments (in-place, `out=`) and ops that return fresh tensors from tensor inputs, index
+ops of either kind excepted (they take the Python path: `racefuzz.trace.indexing`); and,
 from the mode (`launch_op`), an op of the first kind that does reach it (one a composite op decomposed
 into). Recording without it takes the Python
 path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly; why is
