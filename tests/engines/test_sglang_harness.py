@@ -138,6 +138,35 @@ def test_the_assertion_api_raises_as_the_cli_exits(
     assert [(version, control) for _, version, control in asked] == [("0.5.15", True), ("0.5.23", True)]
 
 
+def test_a_pull_request_moving_the_barrier_back_is_caught(tmp_path: Path) -> None:
+    """The harness runs the code a refactor changes: 0.5.23's tree with `_apply_war_barrier()` moved from
+    right after `run_batch` back to the loop top (#31687 reverted), run as a checkout (`--source`, no
+    `_version.py`), races where 0.5.23 itself is clean."""
+    original = _sources_or_skip("0.5.23")
+    checkout = tmp_path / "sglang" / "python"
+    checkout.parent.mkdir()
+    subprocess.run(["cp", "-rs", str(original), str(checkout)], check=True)  # a tree of symlinks
+    (checkout / "sglang" / "_version.py").unlink()
+    scheduler = checkout / sources.MARKER
+    text = (original / sources.MARKER).read_text()
+    launch = (
+        "                batch_result = self.run_batch(batch)\n"
+        "                # Fence result processing behind this forward's shared reads.\n"
+        "                self._apply_war_barrier()\n"
+    )
+    top = "            # Get the next batch to run\n            plan = self.get_next_batch_to_run("
+    assert text.count(launch) == 1 and text.count(top) == 2
+    loop = text.index("    def event_loop_overlap(self):")
+    moved = text[:loop] + text[loop:].replace(top, "            self._apply_war_barrier()\n" + top, 1)
+    moved = moved.replace(launch, "                batch_result = self.run_batch(batch)\n")
+    scheduler.unlink()
+    scheduler.write_text(moved)
+    done = _cli("--source", str(checkout.parent), "--no-control")
+    assert done.returncode == ExitCode.RACE, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "version unknown" in done.stdout
+    assert "checkpoint" in done.stdout and "(run_batch)" in done.stdout
+
+
 @pytest.mark.parametrize("loop_results", [("0.5.23",)], indirect=True)
 def test_the_loop_runs_sglangs_own_functions(loop_results: dict[str, dict]) -> None:
     functions = set(loop_results["0.5.23"]["runs"][0]["sglang_functions"])
@@ -211,7 +240,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         [sys.executable, "-m", "racefuzz.cli", "sglang", *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env=dict(os.environ, **(env or {})),
     )
 
