@@ -66,6 +66,13 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
     parser.add_argument("--archive", type=Path, help="fetch: unpack this `sglang pack` archive instead of pip")
     parser.add_argument("--out", type=Path, help="pack: the .tar.gz to write")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="cpu (default: virtual streams), cuda (a real GPU: torch.cuda's streams, sglang's Triton kernels), "
+        "auto (cuda if torch sees a CUDA device)",
+    )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
 
 
@@ -82,6 +89,12 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
         raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    from racefuzz.engines.sglang.gpu import NoGpu, resolve_device
+
+    try:
+        device = resolve_device(getattr(args, "device", "cpu"))
+    except NoGpu as exc:
+        raise InvalidArgument(str(exc)) from None
     workloads = _workloads(args)
     targets: list[tuple[str, Path, str | None]] = []
     if args.source is not None:
@@ -90,7 +103,9 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         targets.append((version, sources.locate(version=version), version))
     results = []
     for label, python_dir, version_hint in targets:
-        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout, args.read_done)
+        result = run_harness(
+            python_dir, workloads, args.control, version_hint, args.timeout, args.read_done, device=device
+        )
         result["label"] = label
         results.append(result)
         print(format_result(result))
@@ -172,6 +187,7 @@ def run_harness(
     version: str | None,
     timeout: float,
     read_done: str = "none",
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
@@ -182,6 +198,8 @@ def run_harness(
     command += ["--read-done", read_done]
     if version:
         command += ["--sglang-version", version]
+    if device != "cpu":
+        command += ["--device", device]
     env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -255,8 +273,9 @@ def format_result(result: dict[str, Any]) -> str:
     if controls:
         total = sum(len(run["races"]) for run in controls)
         verdict = "caught" if caught else "NOT caught (inconclusive)"
+        switch = result.get("control_switch", "SGLANG_ENABLE_WAR_BARRIER=0")
         lines.append(
-            f"  control (SGLANG_ENABLE_WAR_BARRIER=0, the barrier off): {verdict}: {total} race(s) in "
+            f"  control ({switch}, the barrier off): {verdict}: {total} race(s) in "
             f"{caught} of {len(controls)} workload(s)"
         )
     return "\n".join(lines)

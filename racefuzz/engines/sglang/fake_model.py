@@ -195,7 +195,7 @@ class FakeTpWorker(_Strict):
         register_annotations()
         self.env = env
         self.adapter = adapter
-        self.device = "cpu"
+        self.device = "cuda" if getattr(env, "on_gpu", False) else "cpu"
         self.server_args = sgl.server_args
         self.model_config = scheduler.model_config
         self.spec_algorithm = scheduler.spec_algorithm
@@ -283,15 +283,33 @@ class FakeTpWorker(_Strict):
         kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
         if self.read_done == "before":
             self._publish_read_done()
-        launch_kernel(
-            "attention_kv_indices",
-            _kv_indices,
-            req_to_token=req_to_token,
-            req_pool_indices=req_pool_indices,
-            seq_lens=seq_lens,
-            kv_indices=kv_indices,
-            max_len=max_len,
-        )
+        if self.device == "cpu":
+            launch_kernel(
+                "attention_kv_indices",
+                _kv_indices,
+                req_to_token=req_to_token,
+                req_pool_indices=req_pool_indices,
+                seq_lens=seq_lens,
+                kv_indices=kv_indices,
+                max_len=max_len,
+            )
+        else:  # a GPU: sglang's own Triton kernel (`gpu.triton_kv_indices`), the same annotation
+            from racefuzz.engines.sglang.gpu import triton_kv_indices
+
+            kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=req_to_token.device)
+            kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
+            kv_flat = torch.zeros((bs * max_len,), dtype=req_to_token.dtype, device=req_to_token.device)
+            launch_kernel(
+                "attention_kv_indices",
+                triton_kv_indices,
+                req_to_token=req_to_token,
+                req_pool_indices=req_pool_indices,
+                seq_lens=seq_lens,
+                kv_indptr=kv_indptr,
+                kv_indices=kv_flat,
+                max_len=max_len,
+            )
+            kv_indices = kv_flat.view(bs, max_len)
         if self.read_done == "after":
             self._publish_read_done()
         # The model: a function of the KV locations read and the positions (no host read-back).

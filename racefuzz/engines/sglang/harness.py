@@ -55,7 +55,7 @@ def race_json(race: Any, calls: list[tuple[int, str]], forward_callers: set[str]
 
 
 def run_version(
-    python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none"
+    python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none", device: str = "cpu"
 ) -> dict[str, Any]:
     from racefuzz.engines.sglang import scheduler as harness_scheduler
     from racefuzz.trace.convert import find_trace_races
@@ -73,7 +73,7 @@ def run_version(
             holder["functions"], holder["chains"] = stop_profile()
 
     began = time.perf_counter()
-    record = run_once(step, "cpu")
+    record = run_once(step, device)
     races = find_trace_races(record.trace)
     run = holder["run"]
     from racefuzz.engines.sglang.fake_model import FakeModelConfig, FakeModelRunner
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traceback", action="store_true")
     parser.add_argument("--read-done", choices=("none", "after", "before"), default="none")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: real streams (gpu.py)")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
     began = time.perf_counter()
@@ -111,7 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         from racefuzz.engines.sglang.workload import FIXED, Workload
 
         workloads = [Workload.from_json(json.loads(text)) for text in args.workload] or [FIXED]
-        out["stubbed"] = stubs.install()
+        # On a GPU Triton is real (sglang's kernels run); on the CPU it is always stubbed.
+        out["stubbed"] = stubs.install() if args.device == "cpu" else stubs.install(force=())
+        out["device"] = args.device
+        if args.device == "cuda":
+            from racefuzz.engines.sglang.gpu import resolve_device
+
+            resolve_device("cuda")  # NoGpu in one line if torch sees none
+            out["control_switch"] = "_apply_war_barrier's flag off (is_cuda() is True)"
         sys.path.insert(0, args.python_dir)
         os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
         version = _version(args.python_dir)
@@ -124,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         adapter.check(None)
         out["import_seconds"] = round(time.perf_counter() - import_began, 3)
         sgl = SimpleNamespace(server_args=adapter.server_args(None), device_module=None)
+        if args.device == "cuda":
+            sgl.server_args.device = "cuda"
         from racefuzz.engines.sglang.scheduler import CONTEXT_LEN  # noqa: F401
 
         out["read_done"] = args.read_done
         out["runs"] = []
         for workload in workloads:
             for barrier in (True, False) if not args.no_control else (True,):
-                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done)
+                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device)
                 run["workload"] = workload.describe()
                 out["runs"].append(run)
         out["status"] = "ok"

@@ -97,10 +97,15 @@ def build_and_run(
     """Build a `Scheduler` with sglang's `__init__` (heavy steps replaced), run its `run_event_loop` on
     `workload` under the trace env, and return what ran. `barrier` False sets `SGLANG_ENABLE_WAR_BARRIER`
     off, which the version's own `_war_barrier_enabled` expression reads (on the CPU `is_cuda()` is False):
-    the negative control."""
+    the negative control; on a GPU (`env.on_gpu`) it is the `_apply_war_barrier` override below (gpu.py)."""
     run = LoopRun()
     os.environ["SGLANG_ENABLE_WAR_BARRIER"] = "1" if barrier else "0"
-    from racefuzz.engines.sglang.device import DeviceModule, installed
+    on_gpu = bool(getattr(env, "on_gpu", False))
+    if on_gpu:  # torch.cuda's own streams, named as on the CPU (`gpu.py`)
+        from racefuzz.engines.sglang.gpu import CudaDeviceModule as DeviceModule
+        from racefuzz.engines.sglang.gpu import installed
+    else:
+        from racefuzz.engines.sglang.device import DeviceModule, installed
 
     device_module = sgl.device_module = DeviceModule(env)
     scheduler_cls = adapter.scheduler_class(sgl)
@@ -145,6 +150,14 @@ def build_and_run(
         def init_profiler(self, *args: Any, **kwargs: Any) -> None:  # torch profiler: mocked
             self.profiler_manager = mock.MagicMock(name="profiler_manager")
             self.profiler_manager._profile_batch_predicate = _noop
+
+        if on_gpu and not barrier:
+
+            def _apply_war_barrier(self) -> None:  # the GPU's control: the flag off, the version's own guard
+                # is_cuda() is True on a GPU, so SGLANG_ENABLE_WAR_BARRIER=0 cannot turn it off (gpu.py says
+                # why this override and not a patched is_cuda, with the versions' lines).
+                self._war_barrier_enabled = False
+                super()._apply_war_barrier()
 
     receiver_holder: dict[str, WorkloadReceiver] = {}
     with installed(device_module), adapter.patched_runtime(sgl, env, worker_holder):
