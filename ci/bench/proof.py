@@ -418,13 +418,13 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
         print(render(result))
         rate = result.examples / result.seconds if result.seconds else 0.0
         print(
-            f"SUMMARY design={design} hb_races={len(result.races)} manifested={result.divergence is not None} "
+            f"SUMMARY design={design} hb_races={len(result.races)} manifested={result.manifested} "
             f"delays={len(result.delays)} confirmed={result.confirmed}/{result.confirm_runs} "
             f"examples={result.examples} "
             f"seconds={result.seconds:.2f} examples_per_s={rate:.1f} launches={len(result.reference.launch_ops)}"
         )
         if design == real_kernels.CONTROL:
-            control_caught = bool(result.races) and result.divergence is not None
+            control_caught = bool(result.races) and result.manifested
             print(f"CONTROL none caught by hb and manifested: {control_caught}")
     for design in real_kernels.DESIGNS if cost else ():
         _fresh("cost", "--design", design)
@@ -434,7 +434,7 @@ def proof_main(examples: int, seed: int, designs: list[str], cost: bool, csan: l
         result = fuzz(step, device="cuda", examples=min(examples, 300), max_delays=2, confirm=5, seed=seed)
         print(render(result))
         print(
-            f"SUMMARY step={name} hb_races={len(result.races)} manifested={result.divergence is not None} "
+            f"SUMMARY step={name} hb_races={len(result.races)} manifested={result.manifested} "
             f"delays={len(result.delays)} confirmed={result.confirmed}/{result.confirm_runs} examples={result.examples}"
         )
     if cost:
