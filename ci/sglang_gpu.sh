@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# sglang's own overlap loop on a GPU host without network (racefuzz sglang --device cuda, docs/sglang.md).
+#
+# Run from the repository root, with what `racefuzz sglang pack` made here carried along in .carry/:
+#   .carry/sglang-X.tar.gz   one slim source archive per version (racefuzz sglang pack --version X --out ...)
+#   .carry/whl/*.whl         msgspec, psutil, dill (sglang imports them; a bare torch host lacks them):
+#       python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#           --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#           -d .carry/whl msgspec psutil dill
+# It unpacks the archives into a fresh cache, runs every carried version (barrier and control, the fixed
+# workload), writes the JSON, the log and each failed version's traceback under $OUT, then runs
+# tests/cuda/test_sglang_harness_gpu.py on that JSON (no second harness run). Exits with racefuzz
+# sglang's code (1: a race in some version, as 0.5.15 has; 5: the harness failed on a version).
+#   DEVICE=cpu ci/sglang_gpu.sh     the same on the CPU (a dry run of the script itself)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-.racefuzz/sglang-$DEVICE}
+CARRY=${CARRY:-.carry}
+SITE=${SITE:-/tmp/racefuzz-sglang-site}
+export RACEFUZZ_SGLANG_CACHE=${RACEFUZZ_SGLANG_CACHE:-/tmp/racefuzz-sglang-cache}
+mkdir -p "$OUT" "$SITE" "$RACEFUZZ_SGLANG_CACHE"
+
+# The carried wheels, into a directory of their own (no pip network: --no-index; if pip cannot, a wheel is
+# a zip of its files).
+if compgen -G "$CARRY/whl/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$CARRY"/whl/*.whl \
+        || for wheel in "$CARRY"/whl/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
+fi
+# The source tree first (an editable install needs its build backend, offline), then the wheels.
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONWARNINGS=ignore
+"$PYTHON" -c "import msgspec, psutil, dill, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
+    || { echo "ci/sglang_gpu.sh: msgspec, psutil or dill missing (carry $CARRY/whl)" >&2; exit 2; }
+if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
+
+versions=()
+for archive in "$CARRY"/sglang-*.tar.gz; do
+    [ -e "$archive" ] || { echo "ci/sglang_gpu.sh: no $CARRY/sglang-X.tar.gz archives" >&2; exit 2; }
+    version=$(basename "$archive" .tar.gz)
+    version=${version#sglang-}
+    "$PYTHON" -m racefuzz sglang fetch --version "$version" --archive "$archive" || exit 2
+    versions+=("$version")
+done
+IFS=$'\n' versions=($(printf '%s\n' "${versions[@]}" | sort -V)); unset IFS
+args=()
+for version in "${versions[@]}"; do args+=(--version "$version"); done
+
+echo "racefuzz sglang --device $DEVICE ${args[*]}"
+start=$(date +%s)
+"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" --json "$OUT/sglang-$DEVICE.json" 2>&1 \
+    | tee "$OUT/sglang-$DEVICE.log"
+rc=${PIPESTATUS[0]}
+echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/sglang-$DEVICE.log"
+
+# A version the harness failed on: its traceback (the harness subprocess with --traceback).
+if [ -f "$OUT/sglang-$DEVICE.json" ]; then
+    failed=$("$PYTHON" -c "import json,sys; print(' '.join(r['version'] if r.get('version') not in (None, 'unknown') else r['label'] for r in json.load(open(sys.argv[1])) if r.get('status') == 'error'))" "$OUT/sglang-$DEVICE.json")
+    for version in $failed; do
+        "$PYTHON" -m racefuzz.engines.sglang.harness --python-dir "$RACEFUZZ_SGLANG_CACHE/$version/python" \
+            --device "$DEVICE" --sglang-version "$version" --traceback >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
+        "$PYTHON" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(r.get('traceback') or r.get('error'))" \
+            "$OUT/traceback-$version.json" || tail -20 "$OUT/traceback-$version.stderr"
+    done
+fi
+
+# The GPU test's checks on this run's JSON, without pytest (its cuda marker skips where CuPy is missing).
+"$PYTHON" - "$OUT/sglang-$DEVICE.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/checks.log"
+import json, runpy, sys
+checks = runpy.run_path("tests/cuda/test_sglang_harness_gpu.py")
+results = {r.get("version"): r for r in json.load(open(sys.argv[1]))}
+for version, check in (("0.5.15", "check_0_5_15"), ("0.5.23", "check_0_5_23")):
+    if version in results:
+        try:
+            checks[check](results[version], device=sys.argv[2])
+            print(f"{check}: passed")
+        except AssertionError as exc:
+            print(f"{check}: FAILED: {exc}")
+EOF
+
+# The GPU test's expectations on this run's JSON (on the CPU they are the CUDA test's, which skips there).
+if [ "$DEVICE" = cuda ]; then
+    RACEFUZZ_SGLANG_GPU_JSON="$OUT/sglang-$DEVICE.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
+        tests/cuda/test_sglang_harness_gpu.py -rs 2>&1 | tee "$OUT/pytest.log"
+    echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
+fi
+exit "$rc"
