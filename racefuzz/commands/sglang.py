@@ -95,7 +95,7 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         device = resolve_device(getattr(args, "device", "cpu"))
     except NoGpu as exc:
         raise InvalidArgument(str(exc)) from None
-    workloads = _workloads(args)
+    workloads = workloads_for(args.workload, args.examples, args.seed)
     targets: list[tuple[str, Path, str | None]] = []
     if args.source is not None:
         targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
@@ -138,16 +138,18 @@ def _pack(args: argparse.Namespace) -> ExitCode:
     return ExitCode.CLEAN
 
 
-def _workloads(args: argparse.Namespace) -> list[dict[str, Any]]:
+def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict[str, Any]]:
+    """`--workload`'s value as the harness's workload list: `fixed`, `drawn` (`examples` of them from
+    `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
     from racefuzz.engines.sglang.workload import FIXED, Workload
 
-    if args.workload == "fixed":
+    if workload == "fixed":
         return [FIXED.to_json()]
-    if args.workload == "drawn":
-        return [w.to_json() for w in draw_workloads(args.examples, args.seed)]
-    path = Path(args.workload)
+    if workload == "drawn":
+        return [w.to_json() for w in draw_workloads(examples, seed)]
+    path = Path(workload)
     if not path.is_file():
-        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {args.workload!r}")
+        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {workload!r}")
     try:
         return [Workload.from_json(json.loads(path.read_text())).to_json()]
     except (ValueError, KeyError, TypeError) as exc:

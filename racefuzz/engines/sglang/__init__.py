@@ -29,13 +29,11 @@ def run_loop(
     timeout: float = 900.0,
 ) -> dict[str, Any]:
     """The harness's result for a source tree or a fetched version (see `racefuzz sglang`)."""
-    from argparse import Namespace
-
-    from racefuzz.commands.sglang import _workloads, run_harness
+    from racefuzz.commands.sglang import run_harness, workloads_for
     from racefuzz.engines.sglang import sources
 
     path = sources.locate(version=version, source=source)
-    workloads = _workloads(Namespace(workload=workload, examples=examples, seed=seed))
+    workloads = workloads_for(workload, examples, seed)
     return run_harness(path, workloads, True, version, timeout, read_done)
 
 

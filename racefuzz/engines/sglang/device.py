@@ -42,7 +42,7 @@ _ASSIGNED = re.compile(r"^\s*(?:self\.)?(\w+)\s*(?::[^=]*)?=(?!=).*\bStream\(")
 """`self.name = ...Stream(`, `self.name: T = ...Stream(`, `name = None if x else ...Stream(`."""
 
 
-def _assigned_name(depth: int) -> str | None:
+def assigned_name(depth: int) -> str | None:
     """The name the caller's source line assigns the new stream to (`self.schedule_stream = ...Stream(`)."""
     frame = sys._getframe(depth)
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
@@ -61,7 +61,7 @@ class DeviceModule:
         self.streams: list[Any] = []
 
     def Stream(self, *args: Any, **kwargs: Any) -> Any:
-        name = _assigned_name(2) or f"stream#{self._count}"
+        name = assigned_name(2) or f"stream#{self._count}"
         taken = {stream.name for stream in self.streams}
         if name in taken:
             name = f"{name}#{self._count}"

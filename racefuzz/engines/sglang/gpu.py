@@ -30,7 +30,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
-from racefuzz.engines.sglang.device import _assigned_name
+from racefuzz.engines.sglang.device import assigned_name
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -79,7 +79,7 @@ class CudaDeviceModule:
 
     def Stream(self, *args: Any, **kwargs: Any) -> Any:
         stream = self._cuda.Stream(*args, **kwargs)
-        name = _assigned_name(2) or f"stream#{self._count}"
+        name = assigned_name(2) or f"stream#{self._count}"
         if name in {given for given, _ in self.streams}:
             name = f"{name}#{self._count}"
         self._count += 1
