@@ -3,10 +3,10 @@
 #
 # Run from the repository root, with what `racefuzz sglang pack` made here carried along in .carry/:
 #   .carry/sglang-X.tar.gz   one slim source archive per version (racefuzz sglang pack --version X --out ...)
-#   .carry/whl/*.whl         msgspec, psutil, dill (sglang imports them; a bare torch host lacks them):
+#   .carry/whl/*.whl         msgspec, psutil, dill, regex (sglang needs them real; a bare torch host lacks them):
 #       python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #           --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#           -d .carry/whl msgspec psutil dill
+#           -d .carry/whl msgspec psutil dill regex
 # It unpacks the archives into a fresh cache, runs every carried version (barrier and control, the fixed
 # workload), writes the JSON, the log and each failed version's traceback under $OUT, then runs
 # tests/cuda/test_sglang_harness_gpu.py on that JSON (no second harness run). Exits with racefuzz
@@ -18,21 +18,36 @@ PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-.racefuzz/sglang-$DEVICE}
 CARRY=${CARRY:-.carry}
+WHEELS=${WHEELS:-$CARRY/whl}
 SITE=${SITE:-/tmp/racefuzz-sglang-site}
 export RACEFUZZ_SGLANG_CACHE=${RACEFUZZ_SGLANG_CACHE:-/tmp/racefuzz-sglang-cache}
 mkdir -p "$OUT" "$SITE" "$RACEFUZZ_SGLANG_CACHE"
 
-# The carried wheels, into a directory of their own (no pip network: --no-index; if pip cannot, a wheel is
-# a zip of its files).
-if compgen -G "$CARRY/whl/*.whl" >/dev/null; then
-    "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$CARRY"/whl/*.whl \
-        || for wheel in "$CARRY"/whl/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
+# The carried wheels, into a directory of their own (no pip network: --no-index; without pip, a wheel is a
+# zip of its files).
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+    else
+        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
+    fi
 fi
 # The source tree first (an editable install needs its build backend, offline), then the wheels.
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONWARNINGS=ignore
-"$PYTHON" -c "import msgspec, psutil, dill, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
-    || { echo "ci/sglang_gpu.sh: msgspec, psutil or dill missing (carry $CARRY/whl)" >&2; exit 2; }
+"$PYTHON" -c "import msgspec, psutil, dill, regex, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
+    || { echo "ci/sglang_gpu.sh: msgspec, psutil, dill or regex missing (carry them in $WHEELS)" >&2; exit 2; }
+# Light packages sglang imports at module level but its loop never calls, absent from a bare torch host and
+# not in racefuzz/engines/sglang/stubs.py's STUBBED: stubbed where absent (each checked on the CPU with all
+# of them stubbed: 0.5.14, 0.5.15, 0.5.16, 0.5.23 give the same verdicts). regex must be real (0.5.23
+# compiles patterns from it at import): it is carried.
+absent=$("$PYTHON" -c "
+import importlib.util, sys
+names = sys.argv[1].split(',')
+print(','.join(n for n in names if importlib.util.find_spec(n) is None))
+" IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3,jaraco,more_itertools,colorama)
+export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}$absent"
+echo "stubbed where absent: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
 
 versions=()
