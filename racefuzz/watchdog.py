@@ -20,7 +20,8 @@ then, depending on where the main thread is:
 
 SIGTERM behaves as Ctrl-C does, exit code 130 included (`racefuzz.exitcodes`). A signal that arrives before
 the entry point installed the handler (`racefuzz.__main__`, its first statements) gets Python's own
-handling: during the interpreter's start-up the process dies of the signal, which a shell reports as 130.
+handling: during the interpreter's start-up the process dies of the signal, which a shell reports as 130
+(SIGINT) or 143 (SIGTERM).
 
 The watchdog is a thread that watches the time since the last checkpoint. Past `example_timeout` it asks
 for a stop as Ctrl-C does; if the main thread does not reach a checkpoint within `GRACE_S` -- a design hook
