@@ -45,7 +45,7 @@ absent=$("$PYTHON" -c "
 import importlib.util, sys
 names = sys.argv[1].split(',')
 print(','.join(n for n in names if importlib.util.find_spec(n) is None))
-" IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3,jaraco,more_itertools,colorama)
+" IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3)
 export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}$absent"
 echo "stubbed where absent: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
