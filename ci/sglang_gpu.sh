@@ -12,6 +12,7 @@
 # tests/cuda/test_sglang_harness_gpu.py on that JSON (no second harness run). Exits with racefuzz
 # sglang's code (1: a race in some version, as 0.5.15 has; 5: the harness failed on a version).
 #   DEVICE=cpu ci/sglang_gpu.sh     the same on the CPU (a dry run of the script itself)
+#   TIMEOUT=240 (seconds per version), OUT, CARRY, WHEELS, SITE, RACEFUZZ_SGLANG_CACHE: where things go
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -64,7 +65,7 @@ for version in "${versions[@]}"; do args+=(--version "$version"); done
 
 echo "racefuzz sglang --device $DEVICE ${args[*]}"
 start=$(date +%s)
-"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" --json "$OUT/sglang-$DEVICE.json" 2>&1 \
+"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" --timeout "${TIMEOUT:-240}" --json "$OUT/sglang-$DEVICE.json" 2>&1 \
     | tee "$OUT/sglang-$DEVICE.log"
 rc=${PIPESTATUS[0]}
 echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/sglang-$DEVICE.log"
