@@ -74,7 +74,7 @@ echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/sgla
 if [ -f "$OUT/sglang-$DEVICE.json" ]; then
     failed=$("$PYTHON" -c "import json,sys; print(' '.join(r['version'] if r.get('version') not in (None, 'unknown') else r['label'] for r in json.load(open(sys.argv[1])) if r.get('status') == 'error'))" "$OUT/sglang-$DEVICE.json")
     for version in $failed; do
-        "$PYTHON" -m racefuzz.engines.sglang.harness --python-dir "$RACEFUZZ_SGLANG_CACHE/$version/python" \
+        timeout "${TIMEOUT:-240}" "$PYTHON" -m racefuzz.engines.sglang.harness --python-dir "$RACEFUZZ_SGLANG_CACHE/$version/python" \
             --device "$DEVICE" --sglang-version "$version" --traceback >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
         "$PYTHON" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(r.get('traceback') or r.get('error'))" \
             "$OUT/traceback-$version.json" || tail -20 "$OUT/traceback-$version.stderr"
