@@ -47,7 +47,10 @@ import importlib.util, sys
 names = sys.argv[1].split(',')
 print(','.join(n for n in names if importlib.util.find_spec(n) is None))
 " IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3)
-export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}$absent"
+# transformers is stubbed even where installed: a host's newer one already registers model configs that
+# sglang 0.5.14-0.5.16 register again at import ("'qwen3_asr' is already used by a Transformers config"),
+# and the loop never calls it (the CPU CI has none installed).
+export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}transformers${absent:+,$absent}"
 echo "stubbed where absent: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
 

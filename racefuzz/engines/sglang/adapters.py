@@ -95,7 +95,10 @@ class Adapter:
         from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
 
         reset_context()
-        publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+        # A process with a device names its index (0.5.23 Scheduler.init_model_worker reads
+        # get_device().gpu_id for get_available_gpu_memory when the device is cuda); none on the CPU.
+        gpu_id = 0 if getattr(server_args, "device", "cpu") == "cuda" else None
+        publish(server_args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=gpu_id))
         try:
             with self.override_groups():
                 yield
