@@ -47,10 +47,12 @@ import importlib.util, sys
 names = sys.argv[1].split(',')
 print(','.join(n for n in names if importlib.util.find_spec(n) is None))
 " IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3)
-# transformers is stubbed even where installed: a host's newer one already registers model configs that
+# transformers and its hub, tokenizers and safetensors are stubbed even where installed, as the CPU CI
+# (which installs none of them) has them: a host's newer transformers already registers model configs that
 # sglang 0.5.14-0.5.16 register again at import ("'qwen3_asr' is already used by a Transformers config"),
-# and the loop never calls it (the CPU CI has none installed).
-export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}transformers${absent:+,$absent}"
+# and a real huggingface_hub under a stubbed transformers refuses sglang's config classes ("must be a
+# dataclass before applying @strict"). The loop calls none of them.
+export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}transformers,huggingface_hub,tokenizers,safetensors${absent:+,$absent}"
 echo "stubbed where absent: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
 
