@@ -52,6 +52,22 @@ def register_annotations() -> None:
         },
         writes={"kv_indices": WHOLE},
     )
+    # On a GPU the fake forward launches sglang's own Triton kernel inside the launch above, and the recorder
+    # sees that launch too: without its sets every argument would be read and written whole (a false WAW on
+    # req_to_token, seen on the H200). Its parameter names are the same in 0.5.14-0.5.23.
+    annotate(
+        "create_flashinfer_kv_indices_triton",
+        reads={
+            "req_to_token_ptr": rows(
+                "req_to_token_ptr", "req_pool_indices_ptr", lengths="page_kernel_lens_ptr", starts="kv_start_idx"
+            ),
+            "req_pool_indices_ptr": WHOLE,
+            "page_kernel_lens_ptr": WHOLE,
+            "kv_indptr": WHOLE,
+            "kv_start_idx": WHOLE,
+        },
+        writes={"kv_indices_ptr": WHOLE},
+    )
 
 
 def _kv_indices(req_to_token: Any, req_pool_indices: Any, seq_lens: Any, kv_indices: Any, max_len: int) -> None:
