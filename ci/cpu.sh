@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[test]"
 # The sglang harness (tests/engines, docs/sglang.md): sglang's own Python sources for 0.5.23 and 0.5.15
 # (each wheel downloaded with --no-deps, only its .py files unpacked into ~/.cache/racefuzz/sglang/), and
-# the three packages sglang's imports call at module level (msgspec, psutil, dill: none depends on torch).
+# the packages sglang's imports call at module level (msgspec, psutil, dill, pydantic: none depends on torch).
 # Everything else sglang imports is stubbed in the harness's subprocess (racefuzz/engines/sglang/stubs.py).
 "$PYTHON" -m pip install --quiet --disable-pip-version-check msgspec psutil dill pydantic
 "$PYTHON" -m racefuzz.cli sglang fetch --version 0.5.23 --version 0.5.15
