@@ -492,10 +492,9 @@ def _patch_cuda_api() -> None:
     recorder (`wait_event` and `record_event` reach it through `Event.wait` / `Event.record`); outside a
     recording they only add one check. Not torch's GPU-trace callbacks: once activated those stay on for the
     process (torch has no way to turn them off) and call into Python for every allocation, free, event
-    creation, record, wait and sync of every later test, recorded or not (torch's `wait_stream`, four of
-    them, went from 2.9 to 7.6 us on the H200 host: `trace-recording-breakdown-h200-session6.txt` in
-    docs/results). Host syncs inside torch's C++ ops are known from the op instead (`_HOST_SYNCING`,
-    blocking copies), frees from the storages themselves (`Recorder.allocated`).
+    creation, record, wait and sync of every later test, recorded or not. Host syncs inside torch's C++ ops
+    are known from the op instead (`_HOST_SYNCING`, blocking copies), frees from the storages themselves
+    (`Recorder.allocated`).
     """
     global _CUDA_API_PATCHED
     if _CUDA_API_PATCHED:

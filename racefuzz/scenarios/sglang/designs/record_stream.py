@@ -5,7 +5,7 @@ No commit the other designs model carries it: at `8905cbd42` (`read-done-post-re
 the forward stream and drops the reference with no `record_stream`, so every other built-in design races on
 the `tensor-lifetime` hazard. PR #34076 ("record_stream mix_running_indices for the forward-stream relay
 gather") adds `mix_running_indices.record_stream(forward_stream)` there; sglang 0.5.23 carries it
-(docs/model/model-audit.md, omitted 3; the 0.5.23 source was not available to this session to re-check).
+(docs/model/model-audit.md, omitted 3; not re-checked against the 0.5.23 source).
 It belongs to designs, not to the loop: the loop is the event loop every design shares, and which sglang
 commit carries the call is what tells the designs apart. The WAR barrier cannot stand in for it: the block's
 free is ordered on the schedule stream before the barrier ("wait_stream orders execution but does not
