@@ -162,6 +162,31 @@ def _gpu(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], Any]
     return run
 
 
+def _sglang_loop(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], Any]:
+    _json_option(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    parser.add_argument(
+        "--examples", type=argtypes.bounded_int(1, argtypes.MAX_EXAMPLES, "a positive integer"), default=None
+    )
+    parser.add_argument(
+        "--version",
+        dest="versions",
+        action="append",
+        default=[],
+        metavar="X",
+        help="repeatable (default 0.5.15, 0.5.16, 0.5.23; each fetched: racefuzz sglang fetch)",
+    )
+
+    def run(args: argparse.Namespace) -> Any:
+        from ci.bench import sglang_loop
+
+        versions = tuple(args.versions) or sglang_loop.DEFAULT_VERSIONS
+        figures = sglang_loop.run(versions, args.examples or sglang_loop.EXAMPLES, args.device)
+        return figures, sglang_loop.render
+
+    return run
+
+
 def _selfcheck(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], Any]:
     def run(args: argparse.Namespace) -> Any:
         from racefuzz.selfcheck import main
@@ -189,6 +214,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable[[a
     "matrix": ("each built-in design against each hazard alone (simulator)", _matrix),
     "gpu": ("the CUDA backend's search, examples/s and overhead over a plain replay", _gpu),
     "trace": ("racefuzz trace's recording cost per op", _plain("trace")),
+    "sglang_loop": ("sglang's own scheduler loop under racefuzz sglang: examples/s, time to a race", _sglang_loop),
     "selfcheck": ("what the CUDA backend measures on this machine (racefuzz selfcheck)", _selfcheck),
     "proof": ("racefuzz trace on sglang's own kernels, and recording costs (ci.bench.proof)", _proof),
 }

@@ -27,7 +27,17 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_every_benchmark_of_the_runner_is_a_module_of_ci_bench() -> None:
-    assert set(BENCHMARKS) == {"mutants", "engine", "scenario", "matrix", "gpu", "trace", "selfcheck", "proof"}
+    assert set(BENCHMARKS) == {
+        "mutants",
+        "engine",
+        "scenario",
+        "matrix",
+        "gpu",
+        "trace",
+        "selfcheck",
+        "proof",
+        "sglang_loop",
+    }
     for name in set(BENCHMARKS) - {"selfcheck"}:
         assert (ROOT / "ci" / "bench" / f"{name}.py").is_file(), name
 
@@ -40,6 +50,8 @@ def test_every_benchmark_of_the_runner_is_a_module_of_ci_bench() -> None:
         (["scenario", "--quick"], "unrecognized arguments: --quick"),
         (["engine", "--processes", "2"], "unrecognized arguments: --processes 2"),
         (["mutants", "--strategy", "bogus"], "argument --strategy: invalid choice"),
+        (["sglang_loop", "--device", "tpu"], "argument --device: invalid choice"),
+        (["sglang_loop", "--version", "0.0.1"], "0.0.1"),
         (["fuzz"], "invalid choice: 'fuzz'"),
         ([], "the following arguments are required: NAME"),
     ],
