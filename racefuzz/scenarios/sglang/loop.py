@@ -223,6 +223,10 @@ class OverlapLoop:
         self.live: list[_Request] = []
         self.next_slot = 1
         self.pending: _Batch | None = None
+        # With `Workload.sglang_admission`: the requests released since the last decode batch formed (still
+        # in sglang's running batch, counted by get_num_allocatable_reqs) and the batch_is_full latch.
+        self.unfiltered: list[_Request] = []
+        self.batch_is_full = False
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -309,7 +313,11 @@ class OverlapLoop:
             )
             batch.extend(chunked)
         recycled: list[int] = []
+        allocatable = self.allocatable() if self.workload.sglang_admission and not chunked else len(self.free_rows)
         while self.waiting and self.free_rows:
+            if len(batch) >= allocatable:
+                self.batch_is_full = True  # get_new_batch_prefill: len(can_run_list) >= allocatable
+                break
             spec = self.workload.requests[self.waiting[0]]
             if chunked and spec.prompt_len > spec.chunk:
                 break  # one chunked request at a time, as sglang's single chunked_req
@@ -349,8 +357,22 @@ class OverlapLoop:
         )
         return batch
 
+    def allocatable(self) -> int:
+        """sglang's admission bound (`Workload.sglang_admission`): 0 while `batch_is_full` is latched, else
+        `get_num_allocatable_reqs(running_bs)` (0.5.15 scheduler.py:2728-2731) with `max_running_requests =
+        rows` and `running_bs` counting the finished requests update_running_batch has not filtered yet."""
+        if self.batch_is_full:
+            return 0  # get_new_batch_prefill returns None while batch_is_full (scheduler.py:2769-2772)
+        running_bs = sum(1 for r in self.live if r.prefilled) + len(self.unfiltered)
+        return max(0, min(self.workload.rows - running_bs, len(self.free_rows)))
+
     def decode_batch(self) -> list[_Request] | None:
         """update_running_batch -> DFLASH prepare_for_decode: over-allocation, on S or the plan stream."""
+        if self.unfiltered:
+            # update_running_batch's filter_batch drops the finished requests; a batch that shrank or emptied
+            # resets batch_is_full (0.5.15 scheduler.py:3045-3047, :3121-3122).
+            self.unfiltered.clear()
+            self.batch_is_full = False
         batch = [r for r in self.live if r.prefilled and not r.released]
         if not batch:
             return None
@@ -532,6 +554,8 @@ class OverlapLoop:
                 r.released = True  # release_kv_cache: the row is free while forward k may still read it
                 self.free_rows.append(r.row)
                 self.live.remove(r)
+                if self.workload.sglang_admission:
+                    self.unfiltered.append(r)
             elif r.rid in batch.recache and not r.released:
                 rewrites.append(r)
         if rewrites:

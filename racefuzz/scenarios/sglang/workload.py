@@ -129,6 +129,15 @@ class Workload:
             dropped and the caching allocator hands its block to the next schedule-stream allocation (see
             `OverlapLoop.run_batch`). Only that index tensor is modelled: the running requests' own reads
             in the mixed forward are not added.
+        sglang_admission: admit new requests as sglang's `get_new_batch_prefill` does (0.5.15 scheduler.py
+            :2733-2870, the same from 0.5.14 to 0.5.23): at most `get_num_allocatable_reqs(running_bs) =
+            min(max_running_requests - running_bs, free rows)` with `max_running_requests = rows`, where
+            `running_bs` still counts the requests the host learned finished until `update_running_batch`
+            filters them when it forms the next decode batch (after the prefill attempt); a waiting request
+            that does not fit latches `batch_is_full`, and no prefill is tried again until a decode batch
+            shrinks or empties (`update_running_batch`, :3041-3122). Off (the default): any free row is
+            taken at once, the recycled-row-prefill hazard's admission. The differential test against
+            sglang's own loop maps its workloads with it on (docs/model-fidelity.md).
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -147,6 +156,7 @@ class Workload:
     swa_window: int = 0
     filter_batch_sync: bool = False
     mixed_chunk: bool = False
+    sglang_admission: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
