@@ -34,7 +34,11 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     trace.add_argument("--control", help="a step that must race (module:function): the negative control")
     trace.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda if usable")
     trace.add_argument(
-        "--examples", type=argtypes.examples, default=200, help="fuzzed runs per step on the GPU (default 200)"
+        "--examples",
+        type=argtypes.bounded_int(0, argtypes.MAX_EXAMPLES, "a non-negative integer"),
+        default=200,
+        help="fuzzed runs per step on the GPU (default 200); 0: record the step once and judge it by "
+        "happens-before only, on any device (no serialized re-runs, no delay search)",
     )
     trace.add_argument(
         "--max-delays", type=argtypes.max_delays, default=2, help="delay points per run, 0 to 64 (default 2)"
@@ -45,6 +49,14 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     trace.add_argument("--watch", action="append", default=[], help="a tensor name the oracle watches (repeatable)")
     trace.add_argument("--seed", type=argtypes.seed, help="Hypothesis seed (default: derandomized)")
     trace.add_argument("--report-dir", type=argtypes.path, default=Path(".racefuzz"), help="where replay files go")
+    trace.add_argument(
+        "--database",
+        default=None,
+        metavar="DIR|none|module:attr",
+        help="where failing delay sets are saved and tried first on the next run (as racefuzz run's): a "
+        "directory, none, or a Hypothesis ExampleDatabase object (default $RACEFUZZ_DATABASE, else "
+        ".hypothesis/examples)",
+    )
     trace.add_argument(
         "--no-run-kernels",
         dest="run_kernels",
@@ -102,6 +114,7 @@ def require_torch() -> None:
 
 
 def _search(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.commands.run import example_database
     from racefuzz.outputs import check_output_dir
     from racefuzz.trace.search import fuzz, resolve_device, watched_step
     from racefuzz.watchdog import checkpoint
@@ -113,6 +126,7 @@ def _search(args: argparse.Namespace) -> ExitCode:
     # Before any work, and before any of the user's code (importing the step) runs: a race found must have
     # a place to go, and a device that is not there is a usage error, not a failing step.
     report_dir = check_output_dir(args.report_dir, "--report-dir")
+    database = example_database(args.database)
     device = resolve_device(args.device)
     checkpoint(f"loading the step {args.step}")
     step = watched_step(_load(args.step), args.step)
@@ -129,11 +143,16 @@ def _search(args: argparse.Namespace) -> ExitCode:
     control_caught = None
     if args.control:
         control = _run(
-            fuzz, watched_step(_load(args.control), args.control), options, f"the negative control {args.control}"
+            fuzz,
+            watched_step(_load(args.control), args.control),
+            {**options, "saved": _saved(database, args.control, device, args.watch)},
+            f"the negative control {args.control}",
         )
         control_caught = control.racy
         print(f"negative control {control.step}: {'caught' if control_caught else 'NOT caught'}")
-    result = _run(fuzz, step, options, f"the step {args.step}")
+    result = _run(
+        fuzz, step, {**options, "saved": _saved(database, args.step, device, args.watch)}, f"the step {args.step}"
+    )
     if result.racy:
         _write_race(result, report_dir, tuple(args.watch), args.step)
         return ExitCode.RACE
@@ -141,6 +160,13 @@ def _search(args: argparse.Namespace) -> ExitCode:
     if control_caught is False:
         return ExitCode.INCONCLUSIVE
     return ExitCode.CLEAN
+
+
+def _saved(database: Any, spec: str, device: str, watch: list[str]) -> Any:
+    """The step's failing delay sets kept in `database` (`--database`), keyed by the step as given."""
+    from racefuzz.search.corpus import TraceCorpus, trace_corpus_key
+
+    return TraceCorpus(database, trace_corpus_key(spec, device, watch))
 
 
 def _render(result: TraceResult, replay_path: Path | None) -> str:

@@ -10,13 +10,18 @@ bytes) -- under a key that names everything that decides what those bytes mean: 
 the hazards and workload options, the delay strategy and its parameters.
 
 A saved entry that no longer fails (the design was fixed) is deleted, as Hypothesis does with its own.
+
+`racefuzz trace` keeps its failures in the same database (`TraceCorpus`): an entry is a failing delay set
+of a traced step -- its (stream, n-th launch on it, microseconds) points, which name launches by
+themselves, so the key is only what the step is: its `module:function`, the device and the watched
+tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from racefuzz.search.pipeline import Draw
@@ -81,3 +86,49 @@ def _decode(value: bytes) -> Draw | None:
         return bytes.fromhex(data["workload"]), bytes.fromhex(data["schedule"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+TracePoint = tuple[str, int, float]
+"""A delay point of a traced step: (stream, n-th launch on it, microseconds of spin before it)."""
+
+
+def trace_corpus_key(step: str, device: str, watch: Sequence[str]) -> bytes:
+    """The database key of a traced step's failures."""
+    return corpus_key(frontend="trace", step=step, device=device, watch=sorted(watch))
+
+
+class TraceCorpus:
+    """The saved failing delay sets of one traced step in `database` (None: nothing saved or replayed):
+    what `racefuzz.trace.search.fuzz` takes as `saved`."""
+
+    def __init__(self, database: ExampleDatabase | None, key: bytes) -> None:
+        self.database = database
+        self.key = key
+
+    def saved(self) -> list[list[TracePoint]]:
+        """The saved delay sets, fewest points first; entries this racefuzz cannot read are skipped."""
+        if self.database is None:
+            return []
+        found = [delays for value in self.database.fetch(self.key) if (delays := _decode_delays(value)) is not None]
+        return sorted(found, key=lambda delays: (len(delays), delays))
+
+    def save(self, delays: Sequence[TracePoint]) -> None:
+        if self.database is not None:
+            self.database.save(self.key, _encode_delays(delays))
+
+    def delete(self, delays: Sequence[TracePoint]) -> None:
+        if self.database is not None:
+            self.database.delete(self.key, _encode_delays(delays))
+
+
+def _encode_delays(delays: Sequence[TracePoint]) -> bytes:
+    return json.dumps({"delays": [[stream, n, us] for stream, n, us in delays]}, sort_keys=True).encode()
+
+
+def _decode_delays(value: bytes) -> list[TracePoint] | None:
+    try:
+        points = json.loads(value)["delays"]
+        delays = [(str(stream), int(n), float(us)) for stream, n, us in points]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return delays if _encode_delays(delays) == value else None  # exactly what `save` writes, nothing coerced

@@ -6,13 +6,18 @@ what the launch left), in both runs. The first launch, in host order, whose stor
 launch that saw a wrong value: it read something a racing launch had not yet written, or had already
 overwritten. A run that launched a different sequence of kernels (host control flow diverged, e.g. on a
 value read back with `.item()`), raised, or returned different outputs has manifested too.
+
+Some launches store different values in every run, with no delay and no concurrency at all: float atomics
+(`index_add_`, `scatter_add_` on CUDA), sampling from an unseeded generator, split-K reductions. What
+differs between serialized runs of the step is its `Nondeterminism` (`nondeterminism`); `masked` takes it
+out of the reference run, so that the value oracle compares only what the schedule can have changed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from racefuzz.trace.model import TraceLaunch
@@ -37,6 +42,72 @@ class Divergence:
     def __str__(self) -> str:
         where = f" at launch {self.launch.describe()}" if self.launch else ""
         return f"{self.kind} divergence{where}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Nondeterminism:
+    """What differed between serialized runs of one step without any delay: not the schedule's doing.
+
+    Args:
+        stores: (launch ordinal, snapshot slot) of every store whose bytes differed.
+        outputs: the returned values that differed.
+        unstable: why the value oracle cannot judge the step at all, if it cannot: its launch sequence
+            differed (an ordinal no longer names one launch) or it raised in one of those runs.
+    """
+
+    stores: frozenset[tuple[int, object]] = frozenset()
+    outputs: frozenset[str] = frozenset()
+    unstable: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.stores or self.outputs or self.unstable)
+
+    def __or__(self, other: Nondeterminism) -> Nondeterminism:
+        return Nondeterminism(self.stores | other.stores, self.outputs | other.outputs, self.unstable or other.unstable)
+
+    @property
+    def launches(self) -> list[int]:
+        """The ordinals of the nondeterministic launches, in host order."""
+        return sorted({ordinal for ordinal, _ in self.stores})
+
+
+def nondeterminism(reference: RunRecord, run: RunRecord | BaseException, ordinals: set[int] | None) -> Nondeterminism:
+    """Everything in which `run` (another serialized run of the step, without delays, snapshotting what
+    `reference` snapshotted) differs from `reference`; `ordinals` as in `compare`."""
+    if isinstance(run, BaseException):
+        return Nondeterminism(unstable=f"it raised {type(run).__name__} in one serialized run and not in another")
+    ref_seq, run_seq = reference.kernel_sequence(), run.kernel_sequence()
+    if ref_seq != run_seq:
+        at = next((i for i, (a, b) in enumerate(zip(ref_seq, run_seq, strict=False)) if a != b), None)
+        at = min(len(ref_seq), len(run_seq)) if at is None else at
+        return Nondeterminism(
+            unstable=f"its launch sequence differs between serialized runs from launch ordinal {at} on (host "
+            "control flow that depends on a nondeterministic value), so an ordinal does not name one launch"
+        )
+    stores = set()
+    for ordinal, snaps in reference.snapshots.items():
+        if ordinals is not None and ordinal not in ordinals:
+            continue
+        theirs = {snap.slot: snap for snap in run.snapshots.get(ordinal, ())}
+        for mine in snaps:
+            other = theirs.get(mine.slot)
+            if other is not None and _first_difference(mine, other) is not None:
+                stores.add((ordinal, mine.slot))
+    outputs = {name for name, value in reference.outputs.items() if not _equal(value, run.outputs.get(name))}
+    return Nondeterminism(frozenset(stores), frozenset(outputs))
+
+
+def masked(reference: RunRecord, nondeterministic: Nondeterminism) -> RunRecord:
+    """`reference` without the nondeterministic stores and outputs: what `compare` then compares (and what
+    a fuzzed run, planned from it, snapshots)."""
+    if not nondeterministic:
+        return reference
+    snapshots = {
+        ordinal: [snap for snap in snaps if (ordinal, snap.slot) not in nondeterministic.stores]
+        for ordinal, snaps in reference.snapshots.items()
+    }
+    outputs = {name: value for name, value in reference.outputs.items() if name not in nondeterministic.outputs}
+    return replace(reference, snapshots=snapshots, outputs=outputs)
 
 
 def compare(reference: RunRecord, fuzzed: RunRecord, ordinals: set[int] | None = None) -> Divergence | None:

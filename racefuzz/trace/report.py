@@ -35,7 +35,7 @@ MAX_REPLAY_DELAY_US = 1e7
 
 def render(result: TraceResult, replay_path: Path | None = None) -> str:
     races = result.races
-    verdict = "RACE" if result.racy else "no race"
+    verdict = ("RACE (value-only)" if result.value_only else "RACE") if result.racy else "no race"
     lines = [f"==== racefuzz trace: {verdict} in {result.step} ({result.device}) ===="]
     launches = len(result.reference.launch_ops)
     lines.append(f"recorded {launches} launches on streams {', '.join(result.reference.trace.streams)}")
@@ -54,18 +54,49 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
         lines.append(race.explain())
     if len(races) > MAX_RACES_SHOWN:
         lines.append(f"... and {len(races) - MAX_RACES_SHOWN} more")
+    lines.extend(_nondeterministic_lines(result))
     if not result.searched:
-        lines.append("value oracle: not run on the CPU (it executes eagerly: a delay cannot reorder anything there)")
+        lines.append(f"value oracle: not run {result.skipped}")
     elif result.divergence is None:
-        lines.append(f"value oracle: no divergence from the serialized run in {result.examples} fuzzed run(s)")
+        tried = f" and {result.replayed} saved delay set(s)" if result.replayed else ""
+        lines.append(f"value oracle: no divergence from the serialized run in {result.examples} fuzzed run(s){tried}")
     else:
         lines.append(f"value oracle: {result.divergence}")
-        lines.append("  delays: " + ", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays))
+        lines.append(
+            "  delays: " + (", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays) or "none")
+        )
         flaky = "" if result.manifested else ": flaky, not counted as a race (a divergence counts only k of k)"
         lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
+        lines.append(
+            f"  not without the schedule: {result.serialized_runs} serialized run(s) without delays agree with each "
+            "other where the oracle compares"
+        )
+        if result.value_only:
+            lines.append(
+                "  value-only: happens-before found no unordered pair, yet this schedule changes what the step "
+                "stores, k of k, and the step without it does not: an access or a sync racefuzz does not see or "
+                "models wrongly (a kernel's annotation, a C++ extension's own stream or sync, memory outside the "
+                "recorded storages)"
+            )
         if replay_path is not None:
             lines.append(f"  replay: racefuzz trace --replay {replay_path}")
     return "\n".join(lines)
+
+
+def _nondeterministic_lines(result: TraceResult) -> list[str]:
+    """The launches and outputs that differed between serialized runs without any delay, said once."""
+    found = result.nondeterministic
+    if not found.stores and not found.outputs:
+        return []
+    ops, launch_ops = result.reference.trace.ops, result.reference.launch_ops
+    lines = [
+        f"nondeterministic without any delay (they differed between {result.serialized_runs} serialized runs; the "
+        "value oracle does not compare them, happens-before still judges them):"
+    ]
+    lines.extend(f"  launch {ops[launch_ops[ordinal]].describe()}" for ordinal in found.launches)
+    if found.outputs:
+        lines.append("  returned " + ", ".join(repr(name) for name in sorted(found.outputs)))
+    return lines
 
 
 def replay_json(result: TraceResult, watch: tuple[str, ...] = ()) -> dict[str, object]:

@@ -1,6 +1,14 @@
 """Fuzzing a traced step: record the serialized reference run, judge it with happens-before, then search
 delay points with Hypothesis for a run whose values differ, shrink it, and confirm it k times of k.
 
+A manifestation is a divergence the schedule causes. Before the search the step is run serialized again,
+without any delay (`SERIALIZED_REPEATS` more times): what differs between those runs (a nondeterministic
+kernel's stores, and what depends on them) is not compared (`racefuzz.trace.oracle.masked`) and is named
+once in the report. A divergence the search finds then counts only if `confirm` more serialized runs
+without the schedule agree with the reference where it is compared (else what differed there is learned
+too and the search goes on) and the delays reproduce it k of k (`racefuzz.confirm`). A step whose launch
+sequence differs between serialized runs cannot be judged by values at all: the report says so.
+
 A delay point is (stream, n-th launch on that stream, microseconds): a spin enqueued on that stream just
 before that launch. Points are drawn among the reference run's launches; Hypothesis shrinks a failing
 list of points to fewer and earlier ones. On the CPU the step executes eagerly and a delay changes
@@ -14,14 +22,14 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from racefuzz.confirm import Confirmation
 from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
 from racefuzz.trace.convert import TraceRace, find_trace_races
 from racefuzz.trace.model import HOST, TraceLaunch
-from racefuzz.trace.oracle import Divergence, compare
+from racefuzz.trace.oracle import Divergence, Nondeterminism, compare, masked, nondeterminism
 from racefuzz.trace.recorder import Recorder, RunRecord
 
 Step = Callable[[Any], Mapping[str, Any] | None]
@@ -33,6 +41,21 @@ DelayPoint = tuple[str, int, float]
 DELAYS_US = (5000.0, 1000.0, 200.0, 20.0)
 """Spin lengths a delay point draws from; Hypothesis shrinks towards the first (the longest, which
 manifests most reliably: shrinking is for fewer delay points, not shorter ones)."""
+
+SERIALIZED_REPEATS = 2
+"""Serialized runs without any delay made after the reference run, before the search: what differs among
+these three runs is nondeterministic, not the schedule's doing."""
+
+
+class SavedFailures(Protocol):
+    """Where failing delay sets are kept between runs and tried first (`racefuzz.search.corpus.TraceCorpus`:
+    the example database of `racefuzz run`)."""
+
+    def saved(self) -> list[list[DelayPoint]]: ...
+
+    def save(self, delays: Sequence[DelayPoint]) -> None: ...
+
+    def delete(self, delays: Sequence[DelayPoint]) -> None: ...
 
 
 @dataclass
@@ -49,6 +72,10 @@ class TraceResult:
         confirmed: how many of `confirm_runs` re-runs of `delays` manifested; the divergence counts only
             when all did (`racefuzz.confirm`: k of k), else it is flaky, reported with its rate.
         examples: fuzzed runs made; seconds: the search's wall time.
+        nondeterministic: what differed between serialized runs without any delay (not compared).
+        serialized_runs: the serialized runs without delays compared, the reference run included.
+        skipped: why the value search did not run, as the report words it ("": it ran).
+        replayed: saved failing delay sets (`SavedFailures`) tried before the search.
     """
 
     step: str
@@ -61,7 +88,15 @@ class TraceResult:
     confirm_runs: int = 0
     examples: int = 0
     seconds: float = 0.0
-    searched: bool = True
+    nondeterministic: Nondeterminism = field(default_factory=Nondeterminism)
+    serialized_runs: int = 1
+    skipped: str = ""
+    replayed: int = 0
+
+    @property
+    def searched(self) -> bool:
+        """Whether the value search ran."""
+        return not self.skipped
 
     @property
     def confirmation(self) -> Confirmation | None:
@@ -79,6 +114,11 @@ class TraceResult:
         """A race: happens-before's (it does not depend on the schedule), or a divergence confirmed k of k. A
         divergence confirmed fewer times is flaky: reported, not a race."""
         return bool(self.races) or self.manifested
+
+    @property
+    def value_only(self) -> bool:
+        """A race the values show and happens-before does not (see the report for why it can be)."""
+        return self.manifested and not self.races
 
 
 def step_name(step: Step) -> str:
@@ -234,11 +274,18 @@ _AUTO_NAME = re.compile(r"tmp\d+ \(")
 
 
 def run_with_delays(
-    step: Step, device: str, reference: RunRecord, delays: Sequence[DelayPoint], ordinals: set[int] | None = None
+    step: Step,
+    device: str,
+    reference: RunRecord,
+    delays: Sequence[DelayPoint],
+    ordinals: set[int] | None = None,
+    *,
+    serialize: bool = False,
 ) -> RunRecord | BaseException:
     """A fuzzed run of `step` with `delays`, snapshotting what the reference run snapshotted after the
     launches in `ordinals` (None: after every launch); an exception the step raised is returned (a
-    manifestation).
+    manifestation). `serialize`: synchronize after every launch, as the reference run does (a run
+    without the schedule, to learn what varies without it).
 
     `ordinals` is `watched_ordinals`: the value oracle compares only those launches' stores, so a snapshot
     after any other launch (a model's 16 MB matmul output, say) would be copied to the host and dropped."""
@@ -250,6 +297,7 @@ def run_with_delays(
             step,
             device,
             evaluate_annotations=False,
+            serialize=serialize,
             delays={(s, n): us for s, n, us in delays},
             snapshot_plan=plan,
         )
@@ -336,11 +384,15 @@ def fuzz(
     seed: int | None = None,
     delays_us: Sequence[float] = DELAYS_US,
     run_kernels: bool = True,
+    saved: SavedFailures | None = None,
 ) -> TraceResult:
     """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it.
 
+    `examples=0` records the step once and judges it by happens-before only, on any device.
     `run_kernels=False` (CPU only) records Triton / CuPy launches from their annotations without running
-    them: the happens-before verdict of GPU code on a machine without a GPU.
+    them: the happens-before verdict of GPU code on a machine without a GPU. `saved`: failing delay sets
+    kept from earlier runs, tried before the search; a manifestation found is saved there, one that no
+    longer fails is deleted.
     """
     device = resolve_device(device)
     if not run_kernels and device != "cpu":
@@ -349,24 +401,79 @@ def fuzz(
     races = find_trace_races(reference.trace)
     result = TraceResult(step_name(step), device, reference, races)
     ordinals = watched_ordinals(reference, watch)  # an unknown name is an error on the CPU too
+    if examples == 0:
+        result.skipped = "with --examples 0 (happens-before only: the step was recorded once)"
+        return result
     if device == "cpu":
-        result.searched = False
+        result.skipped = "on the CPU (it executes eagerly: a delay cannot reorder anything there)"
         return result
 
-    def attempt(delays: list[DelayPoint]) -> Divergence | None:
-        return judge_run(reference, run_with_delays(step, device, reference, delays, ordinals), ordinals)
+    def without_the_schedule(runs: int) -> Nondeterminism:
+        """What differs from the reference in `runs` more serialized runs without any delay."""
+        found = Nondeterminism()
+        for _ in range(runs):
+            run = run_with_delays(step, device, reference, [], ordinals, serialize=True)
+            found |= nondeterminism(reference, run, ordinals)
+        result.serialized_runs += runs
+        return found
 
     started = time.perf_counter()
-    delays, divergence, ran = search_delays(
-        launch_points(reference), attempt, examples=examples, max_delays=max_delays, delays_us=delays_us, seed=seed
-    )
+    learned = without_the_schedule(SERIALIZED_REPEATS)
+    candidates = saved.saved() if saved is not None else []
+    while not learned.unstable:
+        compared = masked(reference, learned)
+
+        def attempt(delays: list[DelayPoint], compared: RunRecord = compared) -> Divergence | None:
+            return judge_run(compared, run_with_delays(step, device, compared, delays, ordinals), ordinals)
+
+        delays, divergence = _first_saved_failure(candidates, attempt, saved, result)
+        candidates = []
+        if divergence is None and result.examples < examples:
+            delays, divergence, ran = search_delays(
+                launch_points(reference),
+                attempt,
+                examples=examples - result.examples,
+                max_delays=max_delays,
+                delays_us=delays_us,
+                seed=seed,
+            )
+            result.examples += ran
+        if divergence is None:
+            break
+        # The schedule's doing only if the step without it agrees with the reference where it is compared;
+        # if not, what differed is nondeterministic too, and the search goes on without comparing it.
+        grown = learned | without_the_schedule(confirm)
+        if grown == learned:
+            result.delays, result.divergence = delays, divergence
+            confirmation = confirm_k_of_k(lambda found=delays: attempt(found) is not None, confirm)
+            result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
+            if confirmation.confirmed and saved is not None:
+                saved.save(delays)
+            break
+        learned = grown
+    result.nondeterministic = learned
+    if learned.unstable:
+        result.skipped = f"(it cannot judge this step: {learned.unstable})"
     result.seconds = time.perf_counter() - started
-    result.examples = ran
-    if divergence is not None:
-        result.delays, result.divergence = delays, divergence
-        confirmation = confirm_k_of_k(lambda: attempt(delays) is not None, confirm)
-        result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
     return result
+
+
+def _first_saved_failure(
+    candidates: list[list[DelayPoint]],
+    attempt: Callable[[list[DelayPoint]], Divergence | None],
+    saved: SavedFailures | None,
+    result: TraceResult,
+) -> tuple[list[DelayPoint], Divergence | None]:
+    """The first saved delay set that still diverges (counted in `result.replayed`); those tried that do
+    not are deleted from `saved`, as Hypothesis deletes a saved example that passes."""
+    for delays in candidates:
+        result.replayed += 1
+        divergence = attempt(list(delays))
+        if divergence is not None:
+            return list(delays), divergence
+        if saved is not None:
+            saved.delete(delays)
+    return [], None
 
 
 def build_recorder() -> None:
