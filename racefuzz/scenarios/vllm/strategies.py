@@ -1,0 +1,116 @@
+"""Workloads of the vLLM KV-reuse scenario, decoded from Hypothesis-drawn bytes; the hazards.
+
+As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range` (or a bit
+that shrinks to 0), so shrinking the bytes toward zero and the string toward empty moves every field toward
+its simplest value.
+
+The hazards (`hazards` restricts which a workload may contain, so a result can be attributed to one):
+
+    async-scheduling  the batch queue of depth 2: step k+1 is scheduled and launched before step k's output
+                      is processed (without it every step's output is processed before the next is scheduled)
+    block-reuse       a tight block pool: blocks a finished request frees are handed to a later request
+    kv-load           P/D-consumer requests whose prompt KV the KV connector writes into their new blocks
+
+and one opt-in hazard, outside `HAZARDS`:
+
+    offload           the KV connector is the CPU offloading connector (its own CUDA stream, which waits on the
+                      compute stream before each transfer) instead of NIXL, and it also stores finished
+                      requests' blocks to the CPU, reading them on that stream
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
+
+from racefuzz.errors import InvalidArgument
+from racefuzz.scenarios.vllm.workload import RequestSpec, Workload
+
+HAZARDS = ("async-scheduling", "block-reuse", "kv-load")
+OPT_IN_HAZARDS = ("offload",)
+
+MAX_BLOCK_SIZE = 4
+MAX_PROMPT = 8
+MAX_OUTPUT = 4
+MAX_STEPS = 8
+
+_HEADER = 3  # block size, steps, flags (bit 0 async scheduling) and pool slack (the other bits)
+_REQUEST = 4  # arrival, prompt, output length, flags (bit 0 eos, bit 1 remote)
+
+
+def decode_workload(
+    data: bytes, *, hazards: frozenset[str], max_steps: int = MAX_STEPS, fixed_steps: bool = False
+) -> Workload:
+    """The workload a byte string stands for (see the module docstring)."""
+    data = data.ljust(_HEADER, b"\0")
+    block_size = 1 + data[0] % MAX_BLOCK_SIZE
+    requests = []
+    for at in range(_HEADER, len(data) - _REQUEST + 1, _REQUEST):
+        arrival, prompt, output, flags = data[at : at + _REQUEST]
+        requests.append(
+            RequestSpec(
+                arrival=arrival % max_steps,
+                prompt_len=1 + prompt % MAX_PROMPT,
+                output_len=1 + output % MAX_OUTPUT,
+                eos=bool(flags & 1),
+                remote="kv-load" in hazards and bool(flags & 2),
+            )
+        )
+    if not requests:
+        requests.append(RequestSpec())
+    requests.sort(key=lambda r: r.arrival)
+    need = [-(-(r.prompt_len + r.output_len) // block_size) for r in requests]
+    # A tight pool: from the largest request's own need (its blocks are reused once it finishes) up to all of
+    # them; without block reuse, every request gets blocks nobody had before.
+    slack = (data[2] >> 1) % (sum(need) - max(need) + 1) if "block-reuse" in hazards else sum(need) - max(need)
+    num_blocks = max(need) + slack
+    return Workload(
+        requests=tuple(requests),
+        steps=max_steps if fixed_steps else 1 + data[1] % max_steps,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        async_scheduling="async-scheduling" in hazards and bool(data[2] & 1),
+        connector="offloading" if "offload" in hazards else "nixl",
+    )
+
+
+def workload_bytes(max_requests: int = 6) -> st.SearchStrategy[bytes]:
+    """The raw bytes `decode_workload` decodes."""
+    from hypothesis import strategies as st
+
+    return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests)
+
+
+class VllmWorkloads:
+    """The workload space of one search (`Scenario.workload_space`): bytes and their decoder.
+
+    Options: `max_requests`, `max_iterations` (engine steps at most; the name the generic `prove` uses),
+    `fixed_iterations` (exactly `max_iterations` steps).
+    """
+
+    OPTIONS = ("max_requests", "max_iterations", "fixed_iterations")
+
+    def __init__(
+        self,
+        hazards: frozenset[str],
+        *,
+        max_requests: int = 6,
+        max_iterations: int = MAX_STEPS,
+        fixed_iterations: bool = False,
+    ) -> None:
+        if type(max_requests) is not int or max_requests < 1:
+            raise InvalidArgument(f"workloads: max_requests must be an integer >= 1, got {max_requests!r}")
+        if type(max_iterations) is not int or not 1 <= max_iterations <= 64:
+            raise InvalidArgument(f"workloads: max_iterations must be an integer in [1, 64], got {max_iterations!r}")
+        self.hazards = hazards
+        self.max_requests = max_requests
+        self.max_steps = max_iterations
+        self.fixed_steps = bool(fixed_iterations)
+
+    def strategy(self) -> st.SearchStrategy[bytes]:
+        return workload_bytes(self.max_requests)
+
+    def decode(self, data: bytes) -> Workload:
+        return decode_workload(data, hazards=self.hazards, max_steps=self.max_steps, fixed_steps=self.fixed_steps)
