@@ -10,6 +10,7 @@ Scenarios are found by name (`get_scenario("sglang-overlap")`) or by `module:att
 racefuzz, e.g. one in a user's test suite); replay files record the spec they were found by.
 
     sglang-overlap   sglang's overlap event loop over req_to_token (`racefuzz.scenarios.sglang`)
+    vllm-kv-reuse    vLLM V1's engine loop over the KV block pool under async scheduling (`racefuzz.scenarios.vllm`)
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ if TYPE_CHECKING:
 
 DEFAULT_SCENARIO = "sglang-overlap"
 
-BUILTIN: dict[str, str] = {"sglang-overlap": "racefuzz.scenarios.sglang:SCENARIO"}
+BUILTIN: dict[str, str] = {
+    "sglang-overlap": "racefuzz.scenarios.sglang:SCENARIO",
+    "vllm-kv-reuse": "racefuzz.scenarios.vllm:SCENARIO",
+}
 """Built-in scenarios by name -> `module:attr`, imported on first use."""
 
 
