@@ -70,7 +70,7 @@ class TraceFixture:
         options = dict(
             device=self.device,
             watch=watch,
-            examples=examples or self.examples,
+            examples=self.examples if examples is None else examples,  # 0: happens-before only
             max_delays=max_delays,
             seed=self.seed,
         )

@@ -67,6 +67,9 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
         )
         flaky = "" if result.manifested else ": flaky, not counted as a race (a divergence counts only k of k)"
         lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
+        if result.replayed:
+            found = "found by one of them" if result.examples == 0 else f"then {result.examples} fuzzed run(s)"
+            lines.append(f"  tried first: {result.replayed} saved delay set(s) of the failure database, {found}")
         lines.append(
             f"  not without the schedule: {result.serialized_runs} serialized run(s) without delays agree with each "
             "other where the oracle compares"

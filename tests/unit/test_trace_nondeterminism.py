@@ -27,6 +27,11 @@ COUNTER = itertools.count()
 @pytest.fixture
 def as_on_a_gpu(monkeypatch):
     """`fuzz` takes the GPU's path (learning runs, delay search, confirmation), recorded on the CPU."""
+    return record_as_on_a_gpu(monkeypatch)
+
+
+def record_as_on_a_gpu(monkeypatch) -> SimpleNamespace:
+    """What `as_on_a_gpu` does (for other test modules' fixtures); returns `TIMING`."""
     from racefuzz.trace import search
 
     record_on_cpu = search.run_once
@@ -181,3 +186,39 @@ def test_examples_0_records_once_and_judges_by_happens_before_only(as_on_a_gpu) 
     result = fuzz(noisy_racy_step, examples=0)
     assert len(as_on_a_gpu.runs) == 1 and result.races and result.racy and not result.searched
     assert "happens-before only" in render(result)
+
+
+def unstable_step(env):
+    """Race-free; it launches one more kernel from the second run on (host control flow on a value that
+    varies): an ordinal no longer names one launch, so the value oracle cannot judge it."""
+    out = noisy_synced_step(env)
+    if next(COUNTER) >= 1:
+        out["kv_indices"] = out["kv_indices"] + 1
+    return out
+
+
+def test_a_step_whose_launch_sequence_varies_is_not_judged_by_values(as_on_a_gpu) -> None:
+    from racefuzz.trace.report import render
+    from racefuzz.trace.search import fuzz
+
+    global COUNTER
+    COUNTER = itertools.count()
+    result = fuzz(unstable_step, examples=20, seed=0)
+    text = render(result)
+    assert not result.racy and not result.searched and result.examples == 0
+    assert "value oracle: not run (it cannot judge this step: its launch sequence differs" in text
+
+
+def test_examples_0_on_the_command_line_is_happens_before_only(as_on_a_gpu, tmp_path, capsys) -> None:
+    from racefuzz.cli import build_parser
+
+    common = ["--examples", "0", "--report-dir", str(tmp_path), "--database", "none"]
+    assert _main(["trace", "test_trace_nondeterminism:noisy_racy_step", *common]) == ExitCode.RACE
+    assert len(as_on_a_gpu.runs) == 1
+    assert _main(["trace", "test_trace_nondeterminism:noisy_synced_step", *common]) == ExitCode.CLEAN
+    assert len(as_on_a_gpu.runs) == 2
+    assert capsys.readouterr().out.count("value oracle: not run with --examples 0 (happens-before only") == 2
+    trace = build_parser()._subparsers._group_actions[0].choices["trace"]
+    assert "0: record the step once and judge it by happens-before only, on any device" in " ".join(
+        trace.format_help().split()
+    )
