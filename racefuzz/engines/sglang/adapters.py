@@ -73,10 +73,22 @@ class Adapter:
 
         return Scheduler
 
-    def server_args(self, sgl: Any) -> Any:
+    def server_args(self, sgl: Any, spec: str = "none") -> Any:
+        """The server config the harness runs: a plain decoder on the torch attention path, no CUDA graphs,
+        page size 1; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`."""
         from sglang.srt.server_args import ServerArgs
 
+        from racefuzz.engines.sglang.fake_model import DFLASH_BLOCK
+
+        speculative: dict[str, Any] = {}
+        if spec == "dflash":
+            speculative = {
+                "speculative_algorithm": "DFLASH",
+                "speculative_draft_model_path": "dummy-draft",
+                "speculative_num_draft_tokens": DFLASH_BLOCK,
+            }
         return ServerArgs(
+            **speculative,
             model_path="dummy",
             device="cpu",
             skip_tokenizer_init=True,
@@ -174,15 +186,84 @@ class Adapter:
             tree_cache=worker.tree_cache,
         )
 
-    def make_result(self, logits: Any, next_token_ids: Any) -> Any:
+    def make_result(self, logits: Any, next_token_ids: Any, hidden_states: Any = None) -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.utils import GenerationBatchResult
 
         return GenerationBatchResult(
-            logits_output=LogitsProcessorOutput(next_token_logits=logits),
+            logits_output=LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden_states),
             next_token_ids=next_token_ids,
             can_run_cuda_graph=False,
         )
+
+    @contextlib.contextmanager
+    def dflash_runtime(self, env: Any, worker_holder: dict[str, Any], plan_stream: bool, fence: bool) -> Iterator[None]:
+        """What a DFLASH run replaces around sglang's own `DFlashWorkerV2` and `DFlashDraftInputV2`:
+
+        * `dflash_worker_v2.TpModelWorker` (the draft worker `DFlashWorkerV2.__init__` builds: it loads the
+          draft model) is `fake_model.FakeDraftWorker` over the target fake;
+        * on the CPU, `dflash_worker_v2.compute_position` (the prefill's draft-KV positions) is a device-only
+          equivalent: sglang's torch path (`compute_position_torch`, taken for `torch_native`) reads every
+          length back to the host, a sync of the forward stream that the Triton path a GPU backend takes
+          does not make, and that would order the prefill forward's reads before everything after it;
+        * the plan stream: `SGLANG_ENABLE_OVERLAP_PLAN_STREAM` as `plan_stream` says, and sglang's own cache
+          of it (`dflash_info_v2._OVERLAP_PLAN_STREAMS`, module-global) holds this run's stream, named
+          `plan_stream` (the cache would otherwise keep an earlier run's);
+        * `fence` False (the negative control): `prepare_for_decode` finds no `verify_done` (0.5.14's
+          self-event: neither its host `synchronize()` nor the plan stream's `wait_event` runs); a version
+          without `verify_done` (0.5.15 on) is unchanged by this, its fence is the barrier."""
+        import os
+
+        import sglang.srt.speculative.dflash_info_v2 as info_module
+        import sglang.srt.speculative.dflash_worker_v2 as worker_module
+
+        from racefuzz.engines.sglang.fake_model import FakeDraftWorker
+
+        def draft_worker(**kwargs: Any) -> FakeDraftWorker:
+            return FakeDraftWorker(worker_holder["worker"], **kwargs)
+
+        original_prepare = info_module.DFlashDraftInputV2.prepare_for_decode
+
+        def prepare_without_fence(self: Any, batch: Any) -> Any:
+            if getattr(self, "verify_done", None) is not None:
+                self.verify_done = None
+            return original_prepare(self, batch)
+
+        previous = os.environ.get("SGLANG_ENABLE_OVERLAP_PLAN_STREAM")
+        os.environ["SGLANG_ENABLE_OVERLAP_PLAN_STREAM"] = "1" if plan_stream else "0"
+        info_module._OVERLAP_PLAN_STREAMS.clear()
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(mock.patch.object(worker_module, "TpModelWorker", draft_worker))
+                if not getattr(env, "on_gpu", False):
+                    stack.enter_context(mock.patch.object(worker_module, "compute_position", device_positions))
+                if not fence:
+                    stack.enter_context(
+                        mock.patch.object(info_module.DFlashDraftInputV2, "prepare_for_decode", prepare_without_fence)
+                    )
+                yield
+        finally:
+            info_module._OVERLAP_PLAN_STREAMS.clear()
+            if previous is None:
+                os.environ.pop("SGLANG_ENABLE_OVERLAP_PLAN_STREAM", None)
+            else:
+                os.environ["SGLANG_ENABLE_OVERLAP_PLAN_STREAM"] = previous
+
+    def prepare_dflash_worker(self, worker: Any, on_gpu: bool) -> None:
+        """On the CPU, the DFLASH worker takes the path `DFlashWorkerV2.__init__` chooses on a GPU
+        (`_use_triton_prepare_block = is_cuda() or is_hip()`): its Triton draft-block kernel, which reads
+        `req_to_token`, runs as its torch equivalent (`stubs.CPU_EQUIVALENTS`). sglang's CPU branch is not
+        runnable: its fallback `assign_extend_cache_locs_func` returns None off CUDA, HIP, MUSA (and XPU in
+        0.5.15). The accept/bonus step stays on sglang's eager torch path (`_use_triton_accept_bonus`
+        False off a GPU; it touches no shared table)."""
+        if not on_gpu:
+            worker._use_triton_prepare_block = True
+
+    def install_plan_stream(self, env: Any, device: str) -> None:
+        """This run's plan stream into sglang's cache of it (see `dflash_runtime`)."""
+        import sglang.srt.speculative.dflash_info_v2 as info_module
+
+        info_module._OVERLAP_PLAN_STREAMS[str(device)] = env.stream("plan_stream")
 
     def after_ipc(self, scheduler: Any) -> None:
         pass
@@ -215,6 +296,21 @@ class Adapter:
             token_ids_logprob=None,
             stream=False,
         )
+
+
+def device_positions(attn_backend: str, extend_prefix_lens: Any, extend_seq_lens: Any, extend_seq_lens_sum: int) -> Any:
+    """`compute_position`'s result (each extended token's position, and each request's start in the flat
+    token array) without reading a length back to the host: `extend_seq_lens_sum` is the host's count."""
+    import torch
+
+    lens = extend_seq_lens.to(torch.int64)
+    start_loc = torch.zeros_like(extend_seq_lens)
+    start_loc[1:] = torch.cumsum(extend_seq_lens[:-1], dim=0)
+    total = int(extend_seq_lens_sum)
+    offsets = torch.repeat_interleave(start_loc.to(torch.int64), lens, output_size=total)
+    prefixes = torch.repeat_interleave(extend_prefix_lens.to(torch.int64), lens, output_size=total)
+    positions = torch.arange(total, device=lens.device) - offsets + prefixes
+    return positions, start_loc
 
 
 class Adapter0515(Adapter):

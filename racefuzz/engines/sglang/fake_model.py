@@ -42,7 +42,28 @@ def _caller(frame: Any) -> str:
     return f"{filename[at + 1 :] if at >= 0 else filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
+def _trace_position() -> int:
+    from racefuzz.trace.capture import active
+
+    recorder = active()
+    return len(recorder.record.trace.ops) if recorder is not None else -1
+
+
+def _sglang_chain(frame: Any, depth: int = 4) -> str:
+    """The first `depth` frames of sglang's code above `frame` (the fake's own frames named as they come)."""
+    links = []
+    while frame is not None and len(links) < depth:
+        name = frame.f_code.co_filename
+        if f"{os.sep}sglang{os.sep}srt{os.sep}" in name or name.endswith("fake_model.py"):
+            links.append(_caller(frame))
+        frame = frame.f_back
+    return " <- ".join(links)
+
+
 def register_annotations() -> None:
+    from racefuzz.engines.sglang.stubs import register_annotations as register_kernel_annotations
+
+    register_kernel_annotations()
     annotate(
         "attention_kv_indices",
         reads={
@@ -149,6 +170,7 @@ class FakeModelRunner:
         self.token_to_kv_pool = SimpleNamespace(post_capture_active=False)
         self.attn_backend = SimpleNamespace()
         self.canary_manager = None
+        self.dcp_size = 1  # decode context parallelism: off (ForwardBatch.init_new compares it, 0.5.15)
         self.shared_read_done_event = None
         self.war_fastpath_read_done_event = None
         self.spec_algorithm = worker.spec_algorithm
@@ -227,9 +249,15 @@ class FakeTpWorker(_Strict):
         self.page_size = 1
         self.max_total_num_tokens = kv_tokens
         self.max_running_requests = pool_rows
+        self.dflash = bool(getattr(self.spec_algorithm, "is_dflash", lambda: False)())
         self.model_runner = FakeModelRunner(self, self.forward_stream)
+        if self.dflash:  # what DFlashWorkerV2 reads of the target: its model and attention backend
+            self.model_runner.model = FakeTargetModel(self.device)
+            self.model_runner.attn_backend = FakeAttentionBackend(self)
         self.weight_load_time = 0.0
         self.callers: set[str] = set()
+        self.read_sites: list[tuple[int, str]] = []
+        """(trace position, sglang's callers) of every `read_kv_indices`: which phase a race's read was."""
         self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
 
     # -- what the scheduler's init reads --------------------------------------------------------------
@@ -283,49 +311,65 @@ class FakeTpWorker(_Strict):
         self.model_runner.shared_read_done_event = event
 
     # -- the forward -------------------------------------------------------------------------------------
-    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """The fake forward of `batch` (a `ScheduleBatch` or `ModelWorkerBatch`) on the current stream."""
+    def read_kv_indices(self, req_pool_indices: Any, lengths: Any) -> Any:
+        """The attention backend's read: `req_to_token[req_pool_indices[i], 0:lengths[i]]` into a private
+        `[bs, context_len]` table (zeros past each length), on the current stream: the fake's
+        `attention_kv_indices` launch on the CPU; on a GPU sglang's own `create_flashinfer_kv_indices_triton`
+        inside it (`gpu.triton_kv_indices`). The same annotation either way: the rows are exact."""
         import torch
 
         from racefuzz.trace.capture import launch_kernel
 
-        self.forwards += 1
-        self.callers.add(_caller(sys._getframe(1)))
         req_to_token = self.req_to_token_pool.req_to_token
-        req_pool_indices = batch.req_pool_indices
-        seq_lens = batch.seq_lens
         bs = int(req_pool_indices.shape[0])
         max_len = self.context_len
-        kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
-        if self.read_done == "before":
-            self._publish_read_done()
+        self.read_sites.append((_trace_position(), _sglang_chain(sys._getframe(1))))
         if self.device == "cpu":
+            kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
             launch_kernel(
                 "attention_kv_indices",
                 _kv_indices,
                 req_to_token=req_to_token,
                 req_pool_indices=req_pool_indices,
-                seq_lens=seq_lens,
+                seq_lens=lengths,
                 kv_indices=kv_indices,
                 max_len=max_len,
             )
-        else:  # a GPU: sglang's own Triton kernel (`gpu.triton_kv_indices`), the same annotation
-            from racefuzz.engines.sglang.gpu import triton_kv_indices
+            return kv_indices
+        from racefuzz.engines.sglang.gpu import triton_kv_indices
 
-            kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=req_to_token.device)
-            kv_indptr[1:] = torch.cumsum(seq_lens, dim=0)
-            kv_flat = torch.zeros((bs * max_len,), dtype=req_to_token.dtype, device=req_to_token.device)
-            launch_kernel(
-                "attention_kv_indices",
-                triton_kv_indices,
-                req_to_token=req_to_token,
-                req_pool_indices=req_pool_indices,
-                seq_lens=seq_lens,
-                kv_indptr=kv_indptr,
-                kv_indices=kv_flat,
-                max_len=max_len,
-            )
-            kv_indices = kv_flat.view(bs, max_len)
+        kv_indptr = torch.zeros((bs + 1,), dtype=torch.int32, device=req_to_token.device)
+        kv_indptr[1:] = torch.cumsum(lengths, dim=0)
+        kv_flat = torch.zeros((bs * max_len,), dtype=req_to_token.dtype, device=req_to_token.device)
+        launch_kernel(
+            "attention_kv_indices",
+            triton_kv_indices,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            seq_lens=lengths,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_flat,
+            max_len=max_len,
+        )
+        return kv_flat.view(bs, max_len)
+
+    def forward_batch_generation(self, batch: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """The fake forward of `batch` (a `ScheduleBatch` or `ModelWorkerBatch`) on the current stream; with
+        `forward_batch=` and `is_verify=True` (DFLASH's target verify, `dflash_worker_v2.py`
+        forward_batch_generation) the verify forward over the table the attention backend read in
+        `init_forward_metadata` (`FakeAttentionBackend`)."""
+        import torch
+
+        self.forwards += 1
+        self.callers.add(_caller(sys._getframe(1)))
+        if kwargs.get("is_verify"):
+            return self._verify_forward(kwargs["forward_batch"])
+        req_pool_indices = batch.req_pool_indices
+        seq_lens = batch.seq_lens
+        bs = int(req_pool_indices.shape[0])
+        if self.read_done == "before":
+            self._publish_read_done()
+        kv_indices = self.read_kv_indices(req_pool_indices, seq_lens)
         if self.read_done == "after":
             self._publish_read_done()
         # The model: a function of the KV locations read and the positions (no host read-back).
@@ -333,4 +377,207 @@ class FakeTpWorker(_Strict):
         logits = torch.zeros((bs, VOCAB), dtype=torch.float32, device=hidden.device)
         logits.scatter_(1, hidden[:, None], 1.0)  # not F.one_hot: it reads the maximum back to the host
         next_token_ids = torch.argmax(logits, dim=-1)
-        return self.adapter.make_result(logits, next_token_ids)
+        hidden_states = None
+        if self.dflash:  # DFLASH's prefill captures the target's hidden states of every prompt token
+            hidden_states = _one_hot(batch.input_ids.to(torch.int64) % VOCAB)
+        return self.adapter.make_result(logits, next_token_ids, hidden_states)
+
+    def _verify_forward(self, forward_batch: Any) -> Any:
+        """DFLASH's TARGET_VERIFY forward: logits for every token of each request's block, from the table
+        the backend gathered in `init_forward_metadata` (a private copy: no read of `req_to_token` here,
+        as the eager FA3 forward reads its page table). Token t at position p of a row whose gathered
+        locations sum to s predicts `(t + 1 + s + [p % 3 == 0]) % VOCAB` (the fake draft proposes the chain
+        without the last term: some drafts are accepted, some not)."""
+        import torch
+
+        table = self.model_runner.attn_backend.table
+        block = int(forward_batch.spec_info.draft_token_num)
+        bs = int(forward_batch.batch_size)
+        tokens = forward_batch.input_ids.to(torch.int64).view(bs, block)
+        positions = forward_batch.positions.to(torch.int64).view(bs, block)
+        shift = table.to(torch.int64).sum(dim=1, keepdim=True)
+        predicted = (tokens + 1 + shift + (positions % 3 == 0).to(torch.int64)) % VOCAB
+        logits = _one_hot(predicted.reshape(-1))
+        hidden_states = _one_hot(tokens.reshape(-1) % VOCAB)
+        return self.adapter.make_result(logits, None, hidden_states)
+
+
+def _one_hot(ids: Any) -> Any:
+    """`[n, VOCAB]` float rows, 1 at `ids` (scatter: `F.one_hot` reads the maximum back to the host)."""
+    import torch
+
+    rows = torch.zeros((ids.shape[0], VOCAB), dtype=torch.float32, device=ids.device)
+    rows.scatter_(1, ids.to(torch.int64)[:, None], 1.0)
+    return rows
+
+
+# -- DFLASH: the fake target and draft models sglang's own `DFlashWorkerV2` runs against -------------------
+
+DFLASH_BLOCK = 4
+"""`speculative_num_draft_tokens`: the DFLASH block (the bonus token and three drafts)."""
+MASK_TOKEN_ID = VOCAB - 1
+
+
+class FakeTargetModel:
+    """The target model's parts `DFlashWorkerV2` reads: `get_input_embeddings()` and `lm_head.weight`. Both
+    are the identity over the vocabulary (hidden size = VOCAB), so a token embeds to its one-hot row and
+    a one-hot hidden state samples back to its token: what the fake draft proposes is exact."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        eye = torch.eye(VOCAB, dtype=torch.float32, device=device)
+        self.embed_tokens = torch.nn.Embedding(VOCAB, VOCAB, _weight=eye.clone())
+        self.lm_head = SimpleNamespace(weight=eye)
+
+    def get_input_embeddings(self) -> Any:
+        return self.embed_tokens
+
+
+class FakeAttentionBackend:
+    """The target runner's attention backend: `init_forward_metadata` gathers the page table from
+    `req_to_token` as FA3's eager path does (`metadata.page_table = req_to_token[req_pool_indices,
+    :max_seq_len_k]`; TARGET_VERIFY reads `seq_lens + draft_token_num` columns per row), on the current
+    stream; the verify forward then reads that private table."""
+
+    def __init__(self, worker: FakeTpWorker) -> None:
+        self.worker = worker
+        self.table: Any = None
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        lengths = forward_batch.seq_lens
+        spec_info = getattr(forward_batch, "spec_info", None)
+        if forward_batch.forward_mode.is_target_verify() and spec_info is not None:
+            lengths = lengths + int(spec_info.draft_token_num)
+        self.table = self.worker.read_kv_indices(forward_batch.req_pool_indices, lengths)
+
+
+class FakeDraftAttention:
+    """One draft layer's attention: the key/value projection of the target's hidden states (two slices)
+    and the identity for the norm and rope (`_append_target_hidden_*` of `DFlashWorkerV2` calls these)."""
+
+    num_kv_heads = 1
+    head_dim = 8
+    qkv_proj = None  # no fused-QKV weight: sglang's fused KV-materialize path declines it (on a GPU)
+
+    def __init__(self) -> None:
+        self.attn = SimpleNamespace(layer_id=0, k_scale=None, v_scale=None)
+
+    def kv_proj_only(self, hidden: Any) -> tuple[Any, Any]:
+        return hidden[:, : self.head_dim].contiguous(), hidden[:, self.head_dim : 2 * self.head_dim].contiguous()
+
+    def apply_k_norm(self, k: Any) -> Any:
+        return k
+
+    def apply_k_rope(self, positions: Any, k: Any) -> Any:
+        return k
+
+
+class FakeDraftModel:
+    """The DFLASH draft model's parts the worker reads outside the forward: `project_target_hidden`
+    (identity) and `layers` (one, `FakeDraftAttention`)."""
+
+    def __init__(self) -> None:
+        self.layers = [SimpleNamespace(self_attn=FakeDraftAttention())]
+        self.block_size = DFLASH_BLOCK
+
+    def project_target_hidden(self, hidden: Any) -> Any:
+        return hidden
+
+    def prepare_context_hidden_for_kv(self, layer: Any, hidden: Any) -> Any:  # 0.5.15's sequential append
+        return hidden
+
+
+class FakeDraftKVPool:
+    """The draft's KV cache (`token_to_kv_pool`): one layer of keys and values indexed by KV slot; the
+    worker materializes the target's hidden states into it at the verify block's slots."""
+
+    def __init__(self, env: Any, kv_tokens: int, device: str) -> None:
+        import torch
+
+        self.k_buffer = torch.zeros((kv_tokens + 1, 1, FakeDraftAttention.head_dim), device=device)
+        self.v_buffer = torch.zeros_like(self.k_buffer)
+        env.name(self.k_buffer, "draft_k_cache")
+        env.name(self.v_buffer, "draft_v_cache")
+
+    def set_kv_buffer(self, layer: Any, loc: Any, k: Any, v: Any, k_scale: Any = None, v_scale: Any = None) -> None:
+        self.k_buffer[loc] = k.to(self.k_buffer.dtype)
+        self.v_buffer[loc] = v.to(self.v_buffer.dtype)
+
+    def set_kv_buffer_prefix_valid(
+        self, layer: Any, loc_2d: Any, commit_lens: Any, k: Any, v: Any, k_scale: Any = None, v_scale: Any = None
+    ) -> None:
+        """Only each row's first `commit_lens[i]` slots take the new values (a masked select would read the
+        mask's count back to the host: the others are rewritten with what they hold)."""
+        import torch
+
+        block = loc_2d.shape[1]
+        loc = loc_2d.reshape(-1)
+        valid = (torch.arange(block, device=loc.device)[None, :] < commit_lens.to(torch.int64)[:, None]).reshape(-1)
+        for buffer, new in ((self.k_buffer, k), (self.v_buffer, v)):
+            old = buffer[loc]
+            buffer[loc] = torch.where(valid[:, None, None], new.to(buffer.dtype), old)
+
+
+class FakeDraftModelRunner:
+    """The draft `ModelRunner`: its config (a DFLASH draft config: block, mask token id), model, KV pool,
+    the aliased `req_to_token_pool` (sglang's `DFlashWorkerV2.alloc_memory_pool` passes the target's), and
+    `forward`: the draft's attention reads `req_to_token[row, 0:seq_lens + block]` (the non-windowed
+    draft attends over the shared over-allocated mapping), then proposes the block's tokens."""
+
+    def __init__(self, worker: FakeTpWorker) -> None:
+        self.target = worker
+        self.device = worker.device
+        self.model = FakeDraftModel()
+        self.model_config = SimpleNamespace(
+            hf_config={
+                "num_hidden_layers": 1,
+                "block_size": DFLASH_BLOCK,
+                "dflash_config": {"mask_token": "<|mask|>", "mask_token_id": MASK_TOKEN_ID},
+            },
+            context_len=worker.context_len,
+            vocab_size=VOCAB,
+        )
+        self.token_to_kv_pool = FakeDraftKVPool(worker.env, worker.max_total_num_tokens, worker.device)
+        self.req_to_token_pool: Any = None
+        self.attn_backend = SimpleNamespace()
+        self.forwards = 0
+
+    def forward(self, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """The draft forward: the table read, then for each row the chain `d_j = d_{j-1} + 1 + s` from the
+        bonus token (`s` the sum of the locations read), as one-hot hidden states `[bs * block, VOCAB]`."""
+        import torch
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        self.forwards += 1
+        bs = int(forward_batch.batch_size)
+        block = DFLASH_BLOCK
+        table = self.target.read_kv_indices(forward_batch.req_pool_indices, forward_batch.seq_lens + block)
+        shift = table.to(torch.int64).sum(dim=1, keepdim=True)
+        embeds = forward_batch.input_embeds.view(bs, block, -1)
+        bonus = torch.argmax(embeds[:, 0, :], dim=-1, keepdim=True)
+        steps = torch.arange(block, device=bonus.device)[None, :]
+        proposed = (bonus + steps * (1 + shift)) % VOCAB
+        hidden = _one_hot(proposed.reshape(-1))
+        return SimpleNamespace(
+            logits_output=LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden), can_run_graph=False
+        )
+
+
+class FakeDraftWorker(_Strict):
+    """The draft `TpModelWorker` that `DFlashWorkerV2.__init__` builds (it loads the draft model): a
+    runner (`FakeDraftModelRunner`) and the pool and backend steps the scheduler's init calls."""
+
+    _what = "draft worker"
+
+    def __init__(self, target: FakeTpWorker, **kwargs: Any) -> None:
+        self.model_runner = FakeDraftModelRunner(target)
+
+    def alloc_memory_pool(self, memory_pool_config: Any = None, req_to_token_pool: Any = None, **kwargs: Any) -> None:
+        self.model_runner.req_to_token_pool = req_to_token_pool
+
+    def init_attention_backends(self) -> None:
+        pass
+
+    def init_cuda_graphs(self) -> None:
+        pass

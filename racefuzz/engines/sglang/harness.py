@@ -29,7 +29,9 @@ def _short(source: str) -> str:
     return text[at + 1 :] if at >= 0 else source
 
 
-def race_json(race: Any, calls: list[tuple[int, str]], forward_callers: set[str]) -> dict[str, Any]:
+def race_json(
+    race: Any, calls: list[tuple[int, str]], forward_callers: set[str], read_sites: list[tuple[int, str]]
+) -> dict[str, Any]:
     from racefuzz.engines.sglang.scheduler import caller_chain
 
     a, b = race.first, race.second
@@ -38,7 +40,8 @@ def race_json(race: Any, calls: list[tuple[int, str]], forward_callers: set[str]
         source = _short(launch.source)
         described = {"kernel": launch.kernel, "stream": launch.stream, "source": source}
         if launch.kernel == "attention_kv_indices":
-            described["called_from"] = sorted(forward_callers)
+            site = caller_chain(read_sites, launch.index)
+            described["called_from"] = [site] if site else sorted(forward_callers)
         elif source.endswith("(write)"):
             chain = caller_chain(calls, launch.index)
             if chain:
@@ -62,7 +65,11 @@ def run_version(
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
-    start_profile, stop_profile = harness_scheduler.profile_functions(python_dir)
+    syncs: dict[str, int] = {}
+    start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, syncs)
+    sgl.server_args = adapter.server_args(None, spec=workload.spec)
+    if device == "cuda":
+        sgl.server_args.device = "cuda"
 
     def step(env: Any) -> None:
         try:
@@ -83,10 +90,14 @@ def run_version(
             [f"model_config.{n}" for n in FakeModelConfig.asked] + [f"model_runner.{n}" for n in FakeModelRunner.asked]
         ),
         "barrier": barrier,
+        "spec": workload.spec,
+        "plan_stream": workload.plan_stream,
         "iterations": run.iterations,
         "forwards": run.forwards,
+        "draft_forwards": run.draft_forwards,
+        "syncs": dict(sorted(syncs.items())),
         "launches": len(record.launch_ops),
-        "races": [race_json(r, holder["chains"], run.forward_callers) for r in races],
+        "races": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in races],
         "sglang_functions": sorted(holder["functions"]),
         "seconds": round(time.perf_counter() - began, 3),
     }
@@ -131,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         import_began = time.perf_counter()
         adapter.check(None)
         out["import_seconds"] = round(time.perf_counter() - import_began, 3)
-        sgl = SimpleNamespace(server_args=adapter.server_args(None), device_module=None)
-        if args.device == "cuda":
-            sgl.server_args.device = "cuda"
-        from racefuzz.engines.sglang.scheduler import CONTEXT_LEN  # noqa: F401
+        sgl = SimpleNamespace(server_args=None, device_module=None)  # the config: per workload (run_version)
+        if any(workload.spec == "dflash" for workload in workloads):
+            out["control_switch"] = (
+                out.get("control_switch", "SGLANG_ENABLE_WAR_BARRIER=0")
+                + "; verify_done dropped before prepare_for_decode reads it"
+            )
 
         out["read_done"] = args.read_done
         out["runs"] = []

@@ -18,6 +18,7 @@ the HF model config (`fake_model.fake_model_config`), and the process groups (mo
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class LoopRun:
     functions: set[str] = field(default_factory=set)
     forward_callers: set[str] = field(default_factory=set)
     forwards: int = 0
+    draft_forwards: int = 0
+    read_sites: list[tuple[int, str]] = field(default_factory=list)
 
 
 class WorkloadReceiver:
@@ -136,7 +139,11 @@ def build_and_run(
             self.tp_worker = worker
 
         def init_memory_pools(self) -> None:  # the fake worker made the pools (sglang's classes)
-            pass
+            if self.draft_worker is not None:  # as sglang's init_memory_pools: the draft aliases the target's
+                pool, allocator = self.tp_worker.get_memory_pool()
+                self.draft_worker.alloc_memory_pool(
+                    memory_pool_config=None, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator
+                )
 
         def init_all_attention_backends(self) -> None:  # no attention backend: the fake forward reads
             pass
@@ -160,8 +167,18 @@ def build_and_run(
                 super()._apply_war_barrier()
 
     receiver_holder: dict[str, WorkloadReceiver] = {}
-    with installed(device_module), adapter.patched_runtime(sgl, env, worker_holder):
+    dflash = workload.spec == "dflash"
+    spec_runtime = (
+        adapter.dflash_runtime(env, worker_holder, workload.plan_stream, fence=barrier)
+        if dflash
+        else contextlib.nullcontext()
+    )
+    with installed(device_module), adapter.patched_runtime(sgl, env, worker_holder), spec_runtime:
+        if dflash and workload.plan_stream:
+            adapter.install_plan_stream(env, "cuda" if on_gpu else "cpu")
         scheduler = HarnessScheduler(*adapter.init_args(sgl))
+        if dflash:
+            adapter.prepare_dflash_worker(scheduler.draft_worker, on_gpu)
         receiver = WorkloadReceiver(scheduler, adapter, workload, run)
         receiver_holder["r"] = receiver
         adapter.install_receiver(scheduler, receiver)
@@ -172,15 +189,31 @@ def build_and_run(
         scheduler.run_event_loop()
     worker = worker_holder["worker"]
     run.forward_callers, run.forwards = set(worker.callers), worker.forwards
+    run.read_sites = list(worker.read_sites)
+    draft = getattr(scheduler, "draft_worker", None)
+    if dflash and draft is not None:
+        run.draft_forwards = draft.draft_model_runner.forwards
     return run
 
 
-def profile_functions(root: str) -> tuple[Callable[[], None], Callable[[], tuple[set[str], list[tuple[int, str]]]]]:
+SYNC_CALLS = frozenset({"synchronize", "wait_event", "wait_stream", "wait", "query"})
+"""The stream and event methods whose calls from sglang's code `profile_functions` counts, by call site."""
+_SYNC_FILES = (os.path.join("racefuzz", "trace", "env.py"), os.path.join("torch", "cuda", "streams.py"))
+
+
+def profile_functions(
+    root: str, syncs: dict[str, int] | None = None
+) -> tuple[Callable[[], None], Callable[[], tuple[set[str], list[tuple[int, str]]]]]:
     """A `sys.setprofile` hook collecting every sglang function called (`file:function`), and for each
     call of a `write` method of sglang's memory pools, the trace position at the call and the chain of
     sglang callers above it (the recorder keeps only a launch's innermost line; a race report names the
     path that reached the writer: the last call before the launch). `start()`, then `stop()` ->
-    (functions, [(trace position, caller chain)])."""
+    (functions, [(trace position, caller chain)]).
+
+    With `syncs`, it also counts every call sglang's code makes to a stream's or event's `synchronize`,
+    `wait_event`, `wait_stream`, `wait` or `query` (the trace env's virtual streams and events on the
+    CPU, torch.cuda's on a GPU), keyed `method at sglang/file.py:line (function)`: the counts that set a
+    design's cost (host blocks, stream waits), independent of the machine's timing."""
     import sys
 
     from racefuzz.trace.capture import active
@@ -195,6 +228,13 @@ def profile_functions(root: str) -> tuple[Callable[[], None], Callable[[], tuple
             return
         code = frame.f_code
         filename = code.co_filename
+        if syncs is not None and code.co_name in SYNC_CALLS and filename.endswith(_SYNC_FILES):
+            caller = frame.f_back
+            if caller is not None and caller.f_code.co_filename.startswith(prefix):
+                where = f"{caller.f_code.co_filename[cut:]}:{caller.f_lineno} ({caller.f_code.co_name})"
+                site = f"{code.co_name} at {where}"
+                syncs[site] = syncs.get(site, 0) + 1
+            return
         if not filename.startswith(prefix):
             return
         seen.add((filename, code.co_name))

@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 STUBBED = (
@@ -212,8 +212,91 @@ def _stub_type(qualname: str) -> type:
     return stub
 
 
+def _assign_req_to_token_pool(**a: Any) -> None:
+    """sglang's `assign_req_to_token_pool` (speculative/triton_ops/cache_locs.py, the same in 0.5.14 and
+    0.5.15): `req_to_token[req_pool_indices[i], start_offset[i]:end_offset[i]]` takes the next
+    `end - start` entries of `out_cache_loc`, the rows in order. Device ops only (no host read)."""
+    import torch
+
+    table, rows = a["req_to_token"], a["req_pool_indices"].to(torch.int64)
+    start, end = a["start_offset"].to(torch.int64), a["end_offset"].to(torch.int64)
+    source = a["out_cache_loc"]
+    before = torch.cumsum(end - start, dim=0) - (end - start)
+    cols = torch.arange(table.shape[1], device=table.device)[None, :]
+    inside = (cols >= start[:, None]) & (cols < end[:, None])
+    at = (before[:, None] + cols - start[:, None]).clamp(0, max(int(source.numel()) - 1, 0))
+    values = source.reshape(-1)[at].to(table.dtype) if source.numel() else torch.zeros_like(table[rows])
+    table[rows] = torch.where(inside, values, table[rows])
+
+
+def _prepare_dflash_draft_block(**a: Any) -> None:
+    """sglang's `_prepare_dflash_draft_block_contig_kernel` (0.5.14 speculative/triton_ops/
+    dflash_prepare_block.py; 0.5.15 triton_ops/dflash.py, its first argument renamed `bonus_tokens_ptr`):
+    row i's block is the bonus token then `mask_token_id`s, its positions `prefix_lens[i] + j`, and its
+    KV slots `req_to_token[req_pool_indices[i], prefix_lens[i] + j]` (0 past the table's width)."""
+    import torch
+
+    first = a["verified_id_ptr"] if "verified_id_ptr" in a else a["bonus_tokens_ptr"]
+    table = a["req_to_token_ptr"]
+    block, width = int(a["block_size"]), int(a["req_to_token_width"])
+    positions = a["prefix_lens_ptr"].to(torch.int64)[:, None] + torch.arange(block, device=table.device)[None, :]
+    valid = positions < width
+    rows = a["req_pool_indices_ptr"].to(torch.int64)[:, None]
+    slots = torch.where(valid, table[rows, positions.clamp(max=width - 1)], torch.zeros_like(positions))
+    ids = torch.full_like(positions, int(a["mask_token_id"]))
+    ids[:, 0] = first.to(torch.int64)
+    a["block_ids_out_ptr"].copy_(ids)
+    a["positions_out_ptr"].copy_(positions)
+    a["cache_loc_out_ptr"].copy_(slots)
+
+
+def _block_reads(args: Any) -> list[Any]:
+    """The rows `_prepare_dflash_draft_block_contig_kernel` reads: `req_to_token[row_i, p_i : p_i + block]`."""
+    table = args["req_to_token_ptr"]
+    block, width = int(args["block_size"]), int(args["req_to_token_width"])
+    rows = [int(x) for x in args["req_pool_indices_ptr"].tolist()]
+    starts = [int(x) for x in args["prefix_lens_ptr"].tolist()]
+    return [
+        table[row, start : min(start + block, width)] for row, start in zip(rows, starts, strict=True) if start < width
+    ]
+
+
+CPU_EQUIVALENTS: dict[str, Callable[..., None]] = {
+    "assign_req_to_token_pool": _assign_req_to_token_pool,
+    "_prepare_dflash_draft_block_contig_kernel": _prepare_dflash_draft_block,
+}
+"""The Triton kernels of sglang's DFLASH path that touch `req_to_token`, as torch ops: under the stubbed
+Triton a launch of one of these runs its equivalent through `racefuzz.trace.launch_kernel` (one launch,
+recorded with `register_annotations`'s read and write sets), so the CPU harness runs the code path a GPU
+takes. Any other kernel still refuses (`StubCalled`)."""
+
+
+def register_annotations() -> None:
+    """The read and write sets of `CPU_EQUIVALENTS`' kernels (the same names on a GPU, where the recorder
+    sees sglang's real Triton launches): the rows each touches, exactly."""
+    from racefuzz.trace.annotations import WHOLE, annotate, rows
+
+    annotate(
+        "assign_req_to_token_pool",
+        reads={"req_pool_indices": WHOLE, "start_offset": WHOLE, "end_offset": WHOLE, "out_cache_loc": WHOLE},
+        writes={"req_to_token": rows("req_to_token", "req_pool_indices", starts="start_offset", ends="end_offset")},
+    )
+    annotate(
+        "_prepare_dflash_draft_block_contig_kernel",
+        reads={
+            "req_to_token_ptr": _block_reads,
+            "verified_id_ptr": WHOLE,
+            "bonus_tokens_ptr": WHOLE,
+            "prefix_lens_ptr": WHOLE,
+            "req_pool_indices_ptr": WHOLE,
+        },
+        writes={"block_ids_out_ptr": WHOLE, "positions_out_ptr": WHOLE, "cache_loc_out_ptr": WHOLE},
+    )
+
+
 class StubKernel:
-    """`triton.jit(fn)` in a stubbed Triton: launching it raises `StubCalled` naming the kernel."""
+    """`triton.jit(fn)` in a stubbed Triton: launching it runs its `CPU_EQUIVALENTS` entry, else raises
+    `StubCalled` naming the kernel."""
 
     def __init__(self, fn: Any = None, **kwargs: Any) -> None:
         self.fn = fn
@@ -221,11 +304,22 @@ class StubKernel:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __getitem__(self, grid: Any) -> Any:
+        equivalent = CPU_EQUIVALENTS.get(self.__name__)
+
         def launch(*args: Any, **kwargs: Any) -> Any:
-            raise StubCalled(
-                f"the Triton kernel {self.__name__} was launched, and Triton is stubbed on the CPU harness "
-                "(install triton, or keep this kernel off the harness's path)"
-            )
+            if equivalent is None:
+                raise StubCalled(
+                    f"the Triton kernel {self.__name__} was launched, and Triton is stubbed on the CPU harness "
+                    "(install triton, or keep this kernel off the harness's path)"
+                )
+            import inspect
+
+            from racefuzz.trace.capture import launch_kernel
+
+            parameters = inspect.signature(self.fn).parameters
+            bound = dict(zip(parameters, args, strict=False))  # args may stop before the defaults
+            bound.update({k: v for k, v in kwargs.items() if k in parameters})  # not num_warps & co.
+            return launch_kernel(self.__name__, equivalent, kind="triton", **bound)
 
         return launch
 

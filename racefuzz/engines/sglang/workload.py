@@ -5,11 +5,16 @@ for a later request to reuse).
 `FIXED` is the small stream CI runs: two prefills at once, their decodes, the short one finishing while
 the long one decodes, and a third request arriving later that takes the freed row (the pool has two rows).
 `workloads()` draws others with Hypothesis (the same shape, drawn).
+
+A workload also names the speculative decoding the scheduler runs (`spec`: `none`, or `dflash` for sglang's
+own DFLASH worker v2 over the fake target and draft models) and, for DFLASH, whether
+`DFlashDraftInputV2.prepare_for_decode` runs on sglang's overlap plan stream (`plan_stream`: sglang's
+`SGLANG_ENABLE_OVERLAP_PLAN_STREAM`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -23,24 +28,42 @@ class Request:
     output_len: int
 
 
+SPECS = ("none", "dflash")
+"""The speculative algorithms a workload may run: none, or sglang's DFLASH (worker v2)."""
+
+
 @dataclass(frozen=True)
 class Workload:
-    """A request stream and the iteration budget after which the loop is stopped regardless."""
+    """A request stream, the iteration budget after which the loop is stopped regardless, and the
+    speculative decoding it runs (`spec`, one of `SPECS`; `plan_stream` only with `dflash`)."""
 
     requests: tuple[Request, ...]
     max_iterations: int = 40
     pool_rows: int = 2
+    spec: str = "none"
+    plan_stream: bool = False
+
+    def __post_init__(self) -> None:
+        if self.spec not in SPECS:
+            raise ValueError(f"spec must be one of {', '.join(SPECS)}, got {self.spec!r}")
+        if self.plan_stream and self.spec != "dflash":
+            raise ValueError("plan_stream needs spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
 
     def describe(self) -> str:
         parts = [f"{r.rid}@{r.arrival}:{r.prompt_len}+{r.output_len}" for r in self.requests]
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows"
+        spec = "" if self.spec == "none" else f", {self.spec}" + (" on the plan stream" if self.plan_stream else "")
+        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "requests": [[r.rid, r.arrival, r.prompt_len, r.output_len] for r in self.requests],
             "max_iterations": self.max_iterations,
             "pool_rows": self.pool_rows,
         }
+        if self.spec != "none":
+            data["spec"] = self.spec
+            data["plan_stream"] = self.plan_stream
+        return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Workload:
@@ -48,7 +71,13 @@ class Workload:
             tuple(Request(str(a), int(b), int(c), int(d)) for a, b, c, d in data["requests"]),
             int(data.get("max_iterations", 40)),
             int(data.get("pool_rows", 2)),
+            str(data.get("spec", "none")),
+            bool(data.get("plan_stream", False)),
         )
+
+    def with_spec(self, spec: str, plan_stream: bool = False) -> Workload:
+        """This request stream under another speculative algorithm (the same workloads, DFLASH on or off)."""
+        return replace(self, spec=spec, plan_stream=plan_stream)
 
 
 FIXED = Workload(
