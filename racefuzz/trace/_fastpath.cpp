@@ -517,8 +517,18 @@ PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
   if (name != nullptr) {
     const int64_t itemsize = static_cast<int64_t>(tensor.itemsize());
     const int64_t row_bytes = tensor.dim() == 2 ? tensor.stride(0) * itemsize : 0;
-    record = PyObject_CallFunction(constant(STORAGE), "OOLLL", key, name, static_cast<long long>(storage.nbytes()),
-                                   static_cast<long long>(itemsize), static_cast<long long>(row_bytes));
+    // The stream `allocated` gave it (a fresh output: just before its first access), else "" (`Storage`).
+    PyObject* stream = PyDict_GetItemWithError(PyTuple_GET_ITEM(state, ALLOC_STREAM), ptr);  // borrowed
+    PyObject* allocated_on = stream != nullptr ? stream : (PyErr_Occurred() ? nullptr : PyUnicode_FromString(""));
+    if (stream != nullptr) {
+      Py_INCREF(allocated_on);
+    }
+    record = allocated_on == nullptr
+                 ? nullptr
+                 : PyObject_CallFunction(constant(STORAGE), "OOLLLO", key, name,
+                                         static_cast<long long>(storage.nbytes()), static_cast<long long>(itemsize),
+                                         static_cast<long long>(row_bytes), allocated_on);
+    Py_XDECREF(allocated_on);
   }
   ok = record != nullptr && PyDict_SetItem(PyTuple_GET_ITEM(state, STORAGES), key, record) == 0;
   PyObject* python_storage = ok ? THPStorage_Wrap(storage) : nullptr;

@@ -35,6 +35,7 @@ from racefuzz.program import (
     StreamSync,
     WaitEvent,
 )
+from racefuzz.trace.lifetime import with_reuse
 from racefuzz.trace.model import (
     HOST,
     Access,
@@ -163,8 +164,36 @@ class TraceRace:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class TraceJudgement:
+    """A trace's races, and its latent lifetime hazards: races against a free whose block no later
+    allocation in the trace could reuse (`racefuzz.trace.lifetime`), said but not counted as races."""
+
+    races: list[TraceRace]
+    latent: list[TraceRace]
+
+
+def judge_trace(trace: Trace) -> TraceJudgement:
+    """Every unordered conflicting pair of the trace's launches (`racefuzz.hb.find_races`), with each free's
+    write at its block's possible reuse (`racefuzz.trace.lifetime.with_reuse`): a pair whose second is a free
+    no allocation reuses is latent, the rest are races."""
+    moved, unreused = with_reuse(trace)
+    found = _hb_races(moved)
+    is_latent = [race.second.kind == "free" and race.second.index in unreused for race in found]
+    return TraceJudgement(
+        [race for race, latent in zip(found, is_latent, strict=True) if not latent],
+        [race for race, latent in zip(found, is_latent, strict=True) if latent],
+    )
+
+
 def find_trace_races(trace: Trace) -> list[TraceRace]:
-    """Every unordered conflicting pair of the trace's launches, by `racefuzz.hb.find_races`."""
+    """The races of `judge_trace` (latent lifetime hazards left out)."""
+    return judge_trace(trace).races
+
+
+def _hb_races(trace: Trace) -> list[TraceRace]:
+    """Every unordered conflicting pair of the trace's launches, by `racefuzz.hb.find_races`, each free's
+    write where the trace has it."""
     converted = to_program(trace)
     storages = list(trace.storages.values())  # buffer id i is the i-th storage
     found = []

@@ -30,6 +30,9 @@ class Storage:
         nbytes: its size.
         itemsize: the element size of the tensor first seen on it (to print byte ranges as elements).
         row_bytes: bytes per row when it was first seen as a 2-D table, else 0 (to print `R[row, c0:c1]`).
+        allocated_on: the stream it was allocated on while recording; "" for a storage made before the
+            recording or a pinned host block (no stream's pool): what the lifetime model
+            (`racefuzz.trace.lifetime`) takes as an allocation that may reuse a freed block.
     """
 
     key: int
@@ -37,6 +40,7 @@ class Storage:
     nbytes: int
     itemsize: int = 1
     row_bytes: int = 0
+    allocated_on: str = ""
 
     def describe(self, start: int, end: int) -> str:
         """`req_to_token[1, 4:8]` for a byte range inside one row, else elements or bytes."""

@@ -352,7 +352,9 @@ class Recorder:
         key = self._storage(tensor, name)
         old = self.record.trace.storages[key]
         row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else old.row_bytes
-        self.record.trace.storages[key] = Storage(key, name, old.nbytes, tensor.element_size(), row_bytes)
+        self.record.trace.storages[key] = Storage(
+            key, name, old.nbytes, tensor.element_size(), row_bytes, old.allocated_on
+        )
 
     # --- storages ----------------------------------------------------------------------------------
 
@@ -369,7 +371,10 @@ class Recorder:
             self._keys[(ptr, epoch)] = key
             name = self._given_names.get(ptr) or f"tmp{key} ({origin})"
             row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else 0
-            self.record.trace.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes)
+            allocated_on = self._alloc_stream.get(ptr, "")  # set by `allocated` before its first access
+            self.record.trace.storages[key] = Storage(
+                key, name, storage.nbytes(), tensor.element_size(), row_bytes, allocated_on
+            )
             if not self.watch_frees:
                 self._keep.append(storage)  # the address must not be reused within the run
             if ptr:

@@ -334,8 +334,9 @@ def test_a_block_freed_while_another_stream_uses_it_is_a_race():
         if record:
             scratch.record_stream(side)
         del scratch  # the caching allocator may hand the block out again on the default stream
+        reused = torch.zeros(1 << 20, device="cuda")  # and does, to this allocation (same size, same stream)
         env.synchronize()
-        return {"total": total}
+        return {"total": total, "reused": reused}
 
     found = races(lambda env: step(env, record=False))
     print(*found, sep="\n")

@@ -143,6 +143,7 @@ def free_step(record_stream: bool):
         if record_stream:
             buffer.record_stream(forward)
         del buffer
+        return {"reused": torch.zeros(1 << 10, device=env.device)}  # the default stream's next allocation
 
     return step
 
@@ -165,8 +166,10 @@ def tensor_from_data_step(freed_in_use: bool):
         if not freed_in_use:
             env.synchronize()
         del rows
+        with env.use(schedule):
+            reused = torch.zeros(2, dtype=torch.int64, device=env.device)  # the schedule stream's next allocation
         env.synchronize()
-        return {"out": out}
+        return {"out": out, "reused": reused}
 
     return step
 

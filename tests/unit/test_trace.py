@@ -136,6 +136,7 @@ def test_an_allocation_inside_an_opaque_launch_is_freed_on_its_stream():
         with env.use(side):
             made.sum()  # used on another stream, no edge back
         del made  # freed on the default stream
+        _reused = torch.zeros(1 << 16)  # the default stream's next allocation: it may be handed the block
     races = find_trace_races(recorder.record.trace)
     assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]
 
@@ -153,6 +154,8 @@ def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_stora
         # A block at that address from now on is a new storage (malloc may or may not hand it out again
         # here; tests/cuda checks the caching allocator's reuse).
         assert recorder._keys.get((ptr, recorder._epochs[ptr])) is None
+        with env.use(forward):
+            _reused = torch.zeros(1 << 16)  # forward's next allocation: where the freed block may be reused
     ops = recorder.record.trace.ops
     frees = [op for op in ops if getattr(op, "kind", None) == "free"]
     assert [(op.stream, op.writes[0].intervals) for op in frees] == [("forward", ((0, 4 << 16),))]
@@ -300,6 +303,7 @@ def test_the_freed_block_is_written_on_the_stream_it_was_allocated_on():
         with env.use(forward):
             buffer.sum()  # used on another stream without record_stream
         recorder.on_free(ptr)  # a CPU recorder keeps its storages alive: the free by hand
+        _reused = torch.zeros(16)  # the default stream's next allocation: it may be handed the block
     races = find_trace_races(recorder.record.trace)
     assert [(r.first.stream, r.second.kernel.startswith("free(")) for r in races] == [("forward", True)]
 
@@ -752,7 +756,8 @@ def test_a_resize_that_moves_a_storage_frees_its_old_block_then():
         before = x.untyped_storage().data_ptr()
         x.resize_(1 << 16)  # a new block now: the old one freed on the default stream, unordered after the read
         assert x.untyped_storage().data_ptr() != before
-        env.current_stream().wait_stream(side)  # too late for the free
+        _reused = torch.zeros(16)  # the default stream's next allocation: it may be handed the old block
+        env.current_stream().wait_stream(side)  # too late for that reuse
         x.add_(1)
     races = find_trace_races(recorder.record.trace)
     assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]

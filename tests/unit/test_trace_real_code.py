@@ -352,6 +352,7 @@ def free_step(record_stream: bool, synced: bool = False):
         if synced:
             env.current_stream().wait_stream(forward)
         del buffer  # the caching allocator may hand the block to the default stream's next allocation
+        return {"reused": torch.zeros(1 << 10)}  # that allocation
 
     return step
 
@@ -510,8 +511,10 @@ def tensor_from_data_step(device_named: bool, freed_in_use: bool):
         if not freed_in_use:
             env.synchronize()
         del rows
+        with env.use(schedule):
+            reused = torch.zeros(2, dtype=torch.int64)  # the schedule stream's next allocation: the block's reuse
         env.synchronize()
-        return {"out": out}
+        return {"out": out, "reused": reused}
 
     return step
 

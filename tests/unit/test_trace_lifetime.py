@@ -1,0 +1,134 @@
+"""The caching allocator's lifetime hazards on the CPU (`racefuzz.trace.lifetime`): a block freed while
+another stream may still use it races with its reuse by a later allocation on its stream, not with the free;
+with no such reuse in the trace it is a latent hazard, said and not counted. Each case beside its control.
+tests/cuda/test_trace_lifetime_gpu.py runs the same steps on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from racefuzz.trace import fuzz  # noqa: E402
+from racefuzz.trace.convert import find_trace_races, judge_trace  # noqa: E402
+from racefuzz.trace.lifetime import SMALL_BLOCK_BYTES, reuse_points  # noqa: E402
+from racefuzz.trace.search import run_once  # noqa: E402
+
+SMALL = 1 << 10
+"""Elements of the freed buffer (4 KiB of float32: a small-pool block)."""
+
+
+def lifetime_step(reuse: str, ordered_before_reuse: bool = False):
+    """A buffer allocated on the default stream, read on `forward` (no edge back), freed by the host; then,
+    as `reuse` says, nothing, an allocation on the default stream of the same pool (it may get the block), one
+    of the other pool (cannot), or one on `forward` (another stream's pool). `ordered_before_reuse`: the
+    default stream waits for `forward` after the free, before the allocation."""
+
+    def step(env):
+        forward = env.stream("forward")
+        buffer = torch.ones(SMALL)
+        forward.wait_stream(env.current_stream())
+        with env.use(forward):
+            total = buffer.sum()
+        del buffer
+        if ordered_before_reuse:
+            env.current_stream().wait_stream(forward)
+        if reuse == "default":
+            fresh = torch.zeros(SMALL)
+        elif reuse == "default-large":
+            fresh = torch.zeros(2 * SMALL_BLOCK_BYTES // 4)
+        elif reuse == "forward":
+            with env.use(forward):
+                fresh = torch.zeros(SMALL)
+        else:
+            fresh = None
+        return {"total": total} if fresh is None else {"total": total, "fresh": fresh}
+
+    return step
+
+
+def judged(step):
+    return judge_trace(run_once(step, "cpu", serialize=True).trace)
+
+
+def test_a_free_reused_by_a_later_allocation_on_its_stream_races_with_the_reuse():
+    judgement = judged(lifetime_step("default"))
+    assert [(r.race.kind.value, r.first.stream, r.second.kind, r.second.stream) for r in judgement.races] == [
+        ("WAR", "forward", "free", "default")
+    ]
+    assert "its block reused by aten.zeros.default" in judgement.races[0].second.kernel
+    assert judgement.latent == []
+    # The control: the default stream waits for the read after the free, before it allocates again.
+    control = judged(lifetime_step("default", ordered_before_reuse=True))
+    assert control.races == [] and control.latent == []
+
+
+def test_a_free_no_later_allocation_can_reuse_is_a_latent_hazard_not_a_race():
+    for reuse in ("none", "default-large", "forward"):
+        judgement = judged(lifetime_step(reuse))
+        assert judgement.races == [], reuse
+        assert [(r.first.stream, r.second.kind, r.second.stream) for r in judgement.latent] == [
+            ("forward", "free", "default")
+        ], reuse
+    # The control, in the same terms: the same step with a reuse is a race.
+    assert len(judged(lifetime_step("default")).races) == 1
+
+
+def test_a_free_ordered_after_every_use_is_neither():
+    def step(env):
+        forward = env.stream("forward")
+        buffer = torch.ones(SMALL)
+        forward.wait_stream(env.current_stream())
+        with env.use(forward):
+            total = buffer.sum()
+        env.current_stream().wait_stream(forward)
+        del buffer
+        return {"total": total, "fresh": torch.zeros(SMALL)}
+
+    judgement = judged(step)
+    assert judgement.races == [] and judgement.latent == []
+    assert len(judged(lifetime_step("default")).races) == 1  # the control: without the wait
+
+
+def test_the_search_counts_the_reuse_race_and_not_the_latent_hazard():
+    assert [r.second.kind for r in fuzz(lifetime_step("default"), device="cpu").races] == ["free"]
+    assert fuzz(lifetime_step("none"), device="cpu").races == []
+
+
+def test_storages_name_the_stream_they_were_allocated_on_on_both_recording_paths(monkeypatch):
+    from racefuzz.trace import fastpath as fastpath_module
+
+    def allocations(fast: bool):
+        if not fast:
+            monkeypatch.setattr(fastpath_module, "load", lambda: None)
+        trace = run_once(lifetime_step("forward"), "cpu").trace
+        monkeypatch.undo()
+        return sorted((s.name.split(" ", 1)[1], s.allocated_on) for s in trace.storages.values())
+
+    slow = allocations(fast=False)
+    assert slow == [
+        ("(aten.ones.default)", "default"),
+        ("(aten.sum.default)", "forward"),
+        ("(aten.zeros.default)", "forward"),
+    ]
+    if fastpath_module.load() is not None:
+        assert allocations(fast=True) == slow
+
+
+def test_a_storage_made_before_the_recording_is_no_allocation_that_reuses_a_block():
+    made_before = torch.zeros(SMALL)
+
+    def step(env):
+        forward = env.stream("forward")
+        buffer = torch.ones(SMALL)
+        forward.wait_stream(env.current_stream())
+        with env.use(forward):
+            total = buffer.sum()
+        del buffer
+        made_before.fill_(1)  # first accessed here, on the default stream: not an allocation
+        return {"total": total}
+
+    trace = run_once(step, "cpu").trace
+    assert reuse_points(trace) == {}
+    assert find_trace_races(trace) == []
+    assert len(judge_trace(trace).latent) == 1
