@@ -203,6 +203,11 @@ def run_harness(
     if device != "cpu":
         command += ["--device", device]
     env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
+    if device == "cpu":
+        # The CPU run is the same on every host: on a host with a GPU, sglang's `is_cuda()` would be True and
+        # take the GPU's paths (0.5.16's `_war_barrier_enabled = is_cuda() or ...` ignores the control's
+        # SGLANG_ENABLE_WAR_BARRIER=0: the control was not caught on an H200 host's CPU).
+        env["CUDA_VISIBLE_DEVICES"] = ""
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

@@ -283,3 +283,26 @@ def test_workload_round_trips_and_draws() -> None:
     assert drawn == draw_workloads(5, seed=3)  # reproducible from the seed
     for workload in drawn:
         assert 1 <= len(workload.requests) <= 4 and 1 <= workload.pool_rows <= 3
+
+
+@pytest.mark.parametrize(("device", "hidden"), [("cpu", True), ("cuda", False)])
+def test_a_cpu_run_hides_the_hosts_gpu_from_sglang(monkeypatch: pytest.MonkeyPatch, device: str, hidden: bool) -> None:
+    """On a host with a GPU, sglang's `is_cuda()` is True and its barrier ignores the control's switch
+    (0.5.16 scheduler.py: `_war_barrier_enabled = is_cuda() or envs.SGLANG_ENABLE_WAR_BARRIER.get()`): the
+    CPU harness must run as on a host without one, whatever the host has."""
+    import subprocess
+
+    from racefuzz.commands import sglang as command
+
+    seen: dict[str, str] = {}
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        env = kwargs["env"]
+        assert isinstance(env, dict)
+        seen.update(env)
+        return subprocess.CompletedProcess(argv, 0, stdout='{"status": "ok", "runs": []}\n', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    command.run_harness(Path("python"), [], True, "0.5.16", 10.0, device=device)
+    assert (seen["CUDA_VISIBLE_DEVICES"] == "") is hidden
