@@ -31,6 +31,9 @@ from racefuzz.schedule import Schedule
 
 FORMAT = "racefuzz-replay"
 FORMAT_VERSION = 1
+KIND = "model"
+"""The `kind` of this file's replay files; a `racefuzz trace` counterexample shares the format with kind
+`trace` (`racefuzz.trace.report`). A file without `kind` is a model's (written before the field)."""
 ORACLES = ("corruption", "happens-before", "allocation")
 """The `oracle` a replay file may record: what caught the counterexample (`Outcome.oracle`)."""
 MAX_CELLS_SHOWN = 6
@@ -53,6 +56,7 @@ class ReplayFile:
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
+            "kind": KIND,
             "racefuzz": self.racefuzz_version,
             "scenario": scenario_spec(self.scenario),
             "design": self.design,
@@ -72,6 +76,10 @@ class ReplayFile:
             kind = "" if type(version) is int else f" (a {type(version).__name__}, not an integer)"
             raise ReplayError(
                 f"{source}: replay format version {version!r}{kind}; this racefuzz reads version {FORMAT_VERSION}"
+            )
+        if data.get("kind", KIND) != KIND:
+            raise ReplayError(
+                f'{source}: a replay file of kind {data.get("kind")!r}, not a model\'s ("kind": "{KIND}")'
             )
         for name, allowed in (("backend", ("sim", "cuda")), ("oracle", ORACLES)):
             if data.get(name) not in allowed:
