@@ -236,10 +236,12 @@ def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
 
 
 def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
-    """(stream, n) of every device launch of the reference run, in host order: where delays may go."""
+    """(stream, n) of every device launch of the reference run, in host order: where delays may go. Not a
+    CUDA graph's nodes (kind `graph`): a delay goes before or after a replay, whose two boundary launches
+    are its points (`racefuzz.trace.graphs`)."""
     points, counts = [], {}
     for op in reference.trace.ops:
-        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy"):
+        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy", "graph"):
             n = counts.get(op.stream, 0)
             counts[op.stream] = n + 1
             points.append((op.stream, n))
