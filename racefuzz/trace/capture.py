@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from threading import get_ident
 from typing import Any, NamedTuple
 
-from racefuzz.trace import fastpath, indexing, torch_patches
+from racefuzz.trace import fastpath, graphs, indexing, torch_patches
 from racefuzz.trace.model import HOST
 from racefuzz.trace.recorder import Recorder, fast_constants
 
@@ -107,7 +107,13 @@ def _torch_mode_class() -> type:
                 if kwargs is None:
                     kwargs = _NO_KWARGS
                 recorder = self.recorder
-                if info.fast and self.fast_state is not None and not recorder.paused and not recorder.opaque:
+                if (
+                    info.fast
+                    and self.fast_state is not None
+                    and not recorder.paused
+                    and not recorder.opaque
+                    and not graphs.CAPTURES  # the C++ applies delays and snapshots: not inside a capture
+                ):
                     out = self.launch_op(self.fast_state, info.arguments, info.label, info.call, args, kwargs)
                     if out is not self.bail:
                         return out
@@ -141,6 +147,12 @@ def _torch_mode_class() -> type:
             if not writes and not outputs_written:
                 return func(*args, **kwargs)  # a view or metadata op
             on_gpu = recorder.on_gpu
+            capture = graphs.capture_of(recorder) if graphs.CAPTURES else None
+            if capture is not None:
+                if info.sync is not None and info.sync(args, kwargs, None, on_gpu):
+                    raise capture.refused(f"{info.label} (it makes the host wait for the stream)")
+                if not on_gpu:
+                    func = capture.deferred(func)  # CUDA runs a captured kernel at each replay, not now
             if on_gpu:
                 device = kwargs.get("device")
                 if not reads and not writes:
@@ -276,6 +288,33 @@ def _torch_mode_class() -> type:
 
     return TraceMode
 
+
+@functools.cache
+def _capture_mode_class() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CaptureMode(TorchDispatchMode):
+        """On top of the recorder's mode during a CUDA graph capture (`racefuzz.trace.graphs`): keeps what each
+        op allocates (its fresh outputs), which belongs to the graph's pool, alive until the recording ends."""
+
+        def __init__(self, kept: list[Any]) -> None:
+            super().__init__()
+            self.kept = kept
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if _is_compute(func):
+                self.kept.append(out)
+            return out
+
+    return CaptureMode
+
+
+def _capture_mode(kept: list[Any]) -> Any:
+    return _capture_mode_class()(kept)
+
+
+graphs.use_capture_mode(_capture_mode)
 
 TORCH_TENSOR_COPY = "torch.tensor (host-to-device copy)"
 """The kernel name of the copy `torch.tensor(data, device=...)` makes, hidden from the mode (`_lifted`)."""
@@ -494,7 +533,8 @@ def _patch_cuda_api() -> None:
     process (torch has no way to turn them off) and call into Python for every allocation, free, event
     creation, record, wait and sync of every later test, recorded or not. Host syncs inside torch's C++ ops
     are known from the op instead (`_HOST_SYNCING`, blocking copies), frees from the storages themselves
-    (`Recorder.allocated`).
+    (`Recorder.allocated`). `torch.cuda.CUDAGraph.capture_begin` / `.capture_end` / `.replay` (which
+    `torch.cuda.graph` calls) report a capture and its replays (`racefuzz.trace.graphs`).
     """
     global _CUDA_API_PATCHED
     if _CUDA_API_PATCHED:
@@ -508,6 +548,8 @@ def _patch_cuda_api() -> None:
     device_synchronize = torch.cuda.synchronize
     wait_stream = torch.cuda.Stream.wait_stream
     current_stream = torch.cuda.current_stream
+    graph_class = torch.cuda.CUDAGraph
+    capture_begin, capture_end, graph_replay = graph_class.capture_begin, graph_class.capture_end, graph_class.replay
 
     def event_record(self: Any, stream: Any = None) -> None:
         if stream is None:
@@ -585,7 +627,36 @@ def _patch_cuda_api() -> None:
         recorder.on_record(name, recorder.stream_name(_raw_handle(stream)))
         recorder.on_wait(name, recorder.stream_name(self.cuda_stream))
 
+    def graph_capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+        capture_begin(self, *args, **kwargs)
+        recorder = _syncing_recorder()
+        if recorder is not None:
+            graphs.begin(recorder, self)
+
+    def graph_capture_end(self: Any) -> None:
+        recorder = _syncing_recorder()
+        try:
+            capture_end(self)
+        finally:
+            if recorder is not None:
+                graphs.end(recorder, self)
+
+    def replay(self: Any) -> None:
+        # The replay's boundary launches are recorded here, not in `graphs` (a launch names the line that
+        # called the function launching it).
+        recorder = _syncing_recorder()
+        if recorder is None:
+            return graph_replay(self)
+        replaying = graphs.start_replay(recorder, self)
+        recorder.launch(replaying.label, graphs.REPLAY, lambda: graph_replay(self), [], [])
+        graphs.replayed(recorder, replaying)
+        recorder.launch(replaying.end_label, graphs.REPLAY, graphs.nothing, [], [])
+        return None
+
     for owner, name, replacement in (
+        (graph_class, "capture_begin", graph_capture_begin),
+        (graph_class, "capture_end", graph_capture_end),
+        (graph_class, "replay", replay),
         (torch.cuda.Event, "record", event_record),
         (torch.cuda.Event, "wait", event_wait),
         (torch.cuda.Event, "synchronize", event_sync),
@@ -646,9 +717,9 @@ def _patch_triton() -> None:
         bound = dict(zip(self.arg_names, args, strict=False))  # defaults fill the rest
         bound.update(kwargs)
         name = getattr(self.fn, "__name__", str(self))
-        return recorder.kernel_launch(
-            name, "triton", bound, lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        )
+        capture = graphs.capture_of(recorder) if graphs.CAPTURES else None
+        launch = recorder.kernel_launch if capture is None else capture.kernel_launch
+        return launch(name, "triton", bound, lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs))
 
     JITFunction.run = run
 
@@ -674,18 +745,19 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
     _ACTIVE.append(recorder)
     try:
         with torch_patches.installed(recorder.on_gpu, active), mode:
-            if mode.fastpath is None:
-                yield recorder
-            else:
+            if mode.fastpath is not None:
                 _dispatcher_fast_path(mode.fastpath)
                 mode.fastpath.begin(mode.fast_state)  # most ops, before they reach the mode
-                try:
-                    yield recorder
-                finally:
+            try:
+                yield recorder
+            finally:
+                graphs.abandon(recorder)  # a capture the step left open: its mode and fast-path scope go first
+                if mode.fastpath is not None:
                     mode.fastpath.end()
     finally:
         _ACTIVE.remove(recorder)
         recorder.active = False
+        graphs.release(recorder)  # after `active`: the frees of what the graphs kept are not the step's
         if freeze:
             gc.unfreeze()
 
@@ -738,7 +810,9 @@ def launch_kernel(name: str, fn: Callable[..., Any], /, kind: str = "external", 
     recorder = active()
     if recorder is None or recorder.paused:
         return fn(**args)
-    return recorder.kernel_launch(name, kind, args, lambda: fn(**args))
+    capture = graphs.capture_of(recorder) if graphs.CAPTURES else None
+    launch = recorder.kernel_launch if capture is None else capture.kernel_launch
+    return launch(name, kind, args, lambda: fn(**args))
 
 
 def cupy_kernel(kernel: Any, arg_names: Sequence[str], name: str | None = None) -> Callable[..., Any]:

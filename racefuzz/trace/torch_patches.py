@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from threading import get_ident
 from typing import Any
 
+from racefuzz.trace import graphs
 from racefuzz.trace.env import VirtualEvent, VirtualStream
 
 _ABSENT = object()
@@ -114,6 +115,7 @@ def installed(on_gpu: bool, active: Callable[[], Any]) -> Iterator[None]:
 def _install_stream_api(patches: _Patches, torch: Any) -> None:
     for module in (torch.cuda, torch.cpu):
         _install_module_stream_api(patches, module)
+    _install_graph_api(patches, torch)
     for name in ("tensor", "as_tensor", "asarray"):
         patches.set(torch, name, _to_device(getattr(torch, name)))
 
@@ -236,6 +238,107 @@ def _install_module_stream_api(patches: _Patches, module: Any) -> None:
         patches.set(module, "default_stream", default_stream)
     if torch_set_stream is not None:
         patches.set(module, "set_stream", set_stream)
+
+
+def _install_graph_api(patches: _Patches, torch: Any) -> None:
+    """`torch.cuda.CUDAGraph`, `torch.cuda.graph`, `torch.cuda.graph_pool_handle` and
+    `torch.cuda.is_current_stream_capturing` in a CPU recording (torch's CPU build has no CUDA graphs): a
+    capture and its replays recorded as a GPU run records them (`racefuzz.trace.graphs`)."""
+    torch_graph_class, torch_graph_context = torch.cuda.CUDAGraph, torch.cuda.graph
+    torch_pool_handle, torch_capturing = torch.cuda.graph_pool_handle, torch.cuda.is_current_stream_capturing
+    pools = iter(range(1, 1 << 62))
+
+    class CUDAGraph:
+        """`torch.cuda.CUDAGraph()` in a CPU recording: its capture and replays are recorded, not run on a
+        device (a captured op runs at each replay, on the CPU)."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if _cpu_recorder() is None:
+                return torch_graph_class(*args, **kwargs)
+            return object.__new__(cls)
+
+        def __init__(self, keep_graph: bool = False) -> None:
+            self._pool = (0, next(pools))
+
+        def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
+            graphs.begin(_recording("CUDAGraph.capture_begin"), self)
+
+        def capture_end(self) -> None:
+            graphs.end(_recording("CUDAGraph.capture_end"), self)
+
+        def replay(self) -> None:
+            # The boundary launches are recorded here (a launch names the line that called its caller).
+            recorder = _recording("CUDAGraph.replay")
+            replaying = graphs.start_replay(recorder, self)
+            recorder.launch(replaying.label, graphs.REPLAY, graphs.nothing, [], [])
+            graphs.replayed(recorder, replaying)
+            recorder.launch(replaying.end_label, graphs.REPLAY, graphs.nothing, [], [])
+
+        def instantiate(self) -> None:
+            """Nothing to instantiate on the CPU."""
+
+        def reset(self) -> None:
+            graphs.forget(self)
+
+        def pool(self) -> tuple[int, int]:
+            return self._pool
+
+    class graph:
+        """`torch.cuda.graph(g, pool=None, stream=None, ...)` in a CPU recording: torch's context, with a
+        capture stream per run (torch's own is one per process, kept on the class: a stream of an ended run)."""
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if _cpu_recorder() is None:
+                return torch_graph_context(*args, **kwargs)
+            return object.__new__(cls)
+
+        def __init__(
+            self, cuda_graph: Any, pool: Any = None, stream: Any = None, capture_error_mode: str = "global", **_: Any
+        ) -> None:
+            recorder = _cpu_recorder()
+            self.capture_stream = (
+                stream if stream is not None else graphs.default_capture_stream(recorder, torch.cuda.Stream)
+            )
+            self.stream_ctx = torch.cuda.stream(self.capture_stream)
+            self.cuda_graph = cuda_graph
+            self.pool = () if pool is None else (pool,)
+            self.capture_error_mode = capture_error_mode
+
+        def __enter__(self) -> None:
+            torch.cuda.synchronize()  # as torch's does
+            self.stream_ctx.__enter__()
+            self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+
+        def __exit__(self, *exc: object) -> None:
+            try:
+                self.cuda_graph.capture_end()
+            finally:
+                self.stream_ctx.__exit__(*exc)
+
+    CUDAGraph.__qualname__, graph.__qualname__ = "torch.cuda.CUDAGraph", "torch.cuda.graph"
+
+    def graph_pool_handle() -> Any:
+        return torch_pool_handle() if _cpu_recorder() is None else (0, next(pools))
+
+    def is_current_stream_capturing() -> bool:
+        recorder = _cpu_recorder()
+        return torch_capturing() if recorder is None else graphs.capturing(recorder)
+
+    for owner in (torch.cuda, torch.cuda.graphs):
+        patches.set(owner, "CUDAGraph", CUDAGraph)
+        patches.set(owner, "graph", graph)
+        patches.set(owner, "graph_pool_handle", graph_pool_handle)
+        patches.set(owner, "is_current_stream_capturing", is_current_stream_capturing)
+
+
+def _recording(call: str) -> Any:
+    """The CPU recording a stand-in graph's method is called in; a UserCodeError outside one."""
+    recorder = _cpu_recorder()
+    if recorder is None:
+        from racefuzz.errors import UserCodeError
+
+        raise UserCodeError(f"{call} of a graph made in a CPU recording, outside that recording")
+    return recorder
 
 
 def _refuse_foreign(stream: Any, call: str) -> None:
