@@ -239,12 +239,19 @@ def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
     """(stream, n) of every device launch of the reference run, in host order: where delays may go. Not a
     CUDA graph's nodes (kind `graph`): a delay goes before or after a replay, whose two boundary launches
     are its points (`racefuzz.trace.graphs`)."""
-    points, counts = [], {}
-    for op in reference.trace.ops:
+    return list(launch_points_by_op(reference).values())
+
+
+def launch_points_by_op(reference: RunRecord) -> dict[int, tuple[str, int]]:
+    """`launch_points` keyed by each launch's trace position: a caller aiming a delay at a launch (a race's
+    access) counts the points as the search does."""
+    points: dict[int, tuple[str, int]] = {}
+    counts: dict[str, int] = {}
+    for index, op in enumerate(reference.trace.ops):
         if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy", "graph"):
             n = counts.get(op.stream, 0)
             counts[op.stream] = n + 1
-            points.append((op.stream, n))
+            points[index] = (op.stream, n)
     return points
 
 
