@@ -313,24 +313,32 @@ class OverlapLoop:
             )
             batch.extend(chunked)
         recycled: list[int] = []
-        allocatable = self.allocatable() if self.workload.sglang_admission and not chunked else len(self.free_rows)
+        # sglang's bound (Workload.sglang_admission); a chunked request in flight bypasses it, as in sglang.
+        allocatable = self.allocatable() if self.workload.sglang_admission and not chunked else None
+        admitted: list[_Request] = []
         while self.waiting and self.free_rows:
-            if len(batch) >= allocatable:
+            if allocatable is not None and len(admitted) >= allocatable:
                 self.batch_is_full = True  # get_new_batch_prefill: len(can_run_list) >= allocatable
                 break
             spec = self.workload.requests[self.waiting[0]]
             if chunked and spec.prompt_len > spec.chunk:
                 break  # one chunked request at a time, as sglang's single chunked_req
             rid = self.waiting.popleft()
-            row = self.free_rows.popleft()
+            row = self.free_rows.pop() if self.workload.lifo_rows else self.free_rows.popleft()
             if row in self.used_rows:
                 recycled.append(row)
             self.used_rows.add(row)
             request = _Request(rid, spec, row)
             self.live.append(request)
             batch.append(request)
+            admitted.append(request)
             if spec.prompt_len > spec.chunk:
                 chunked = [request]
+        if self.workload.lifo_rows:
+            # ReqToTokenPool.alloc_rows hands a batch `free_slots[-n:]` in list order: popped tail first, the
+            # first request gets the n-th row from the tail.
+            for request, row in zip(admitted, reversed([r.row for r in admitted]), strict=True):
+                request.row = row
         if not batch:
             return None
         if self.mix_block is not None:

@@ -81,6 +81,11 @@ class RequestSpec:
     swa_recovery: bool = False
 
 
+WRITTEN_WHEN_ON = ("sglang_admission", "lifo_rows")
+"""The fields `Workload.to_json` writes only when they are on: the replay files written before they existed
+(which state every field then known) read back as themselves."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """The overlap loop's input.
@@ -138,6 +143,11 @@ class Workload:
             shrinks or empties (`update_running_batch`, :3041-3122). Off (the default): any free row is
             taken at once, the recycled-row-prefill hazard's admission. The differential test against
             sglang's own loop maps its workloads with it on (docs/model-fidelity.md).
+        lifo_rows: hand out `req_to_token` rows from the free list's tail, as `ReqToTokenPool.alloc` does
+            from sglang 0.5.18 (`free_slots[-n:]`, 0.5.18 memory_pool.py:309-313; 0.5.23 `alloc_rows`,
+            :437-451; frees append to the tail), so a freed row is the next one taken. Off (the default):
+            from its head, first freed first reused, as through 0.5.17 (`free_slots[:n]`, 0.5.17
+            memory_pool.py:309).
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -157,6 +167,7 @@ class Workload:
     filter_batch_sync: bool = False
     mixed_chunk: bool = False
     sglang_admission: bool = False
+    lifo_rows: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
@@ -207,7 +218,11 @@ class Workload:
         return longest + 3 * self.block_size
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        data = asdict(self)
+        for name in WRITTEN_WHEN_ON:
+            if not data[name]:
+                del data[name]
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> Workload:
