@@ -1,46 +1,70 @@
 """`racefuzz replay FILE`: re-run a counterexample and print its report.
 
-On the simulator a replay is deterministic: it reproduces or racefuzz has a bug. On the GPU it runs
+One file format for both frontends (`racefuzz.report.FORMAT`), told apart by its `kind`: `model` (a
+`racefuzz run` counterexample: a design, a workload and a schedule; a file without `kind` is one) or
+`trace` (a `racefuzz trace` counterexample: a step of real code and its delay points; the legacy
+`racefuzz-trace-replay` files are read as one). `replay_command` reads the file once, takes its kind, and
+replays it under the same watchdog (`--example-timeout`, Ctrl-C) and `--repeat` either way.
+
+A model's replay on the simulator is deterministic: it reproduces or racefuzz has a bug. On the GPU it runs
 `--repeat` times and says how many reproduced the manifested corruption. Every field of the file is checked
-against its documented range before anything runs (`racefuzz.report.ReplayFile.from_json`). A replay file
-of `racefuzz trace` (real code) is re-run by `racefuzz.commands.trace.replay_trace`, as `racefuzz trace
---replay FILE` does.
+against its documented range before anything runs (`racefuzz.report.ReplayFile.from_json`). A trace's is
+`racefuzz.commands.trace.replay_trace`, as `racefuzz trace --replay FILE` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from pathlib import Path
 
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
 
+KINDS = ("model", "trace")
+"""The kinds of counterexample a replay file holds."""
+
 
 def replay_command(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.backends import executor, resolve_backend
-    from racefuzz.designs import label, load_design
-    from racefuzz.report import ReplayFile, read_json_file, render
-    from racefuzz.search import explain, judge
-    from racefuzz.watchdog import StopRequested, WatchedExecutor, stoppable
+    from racefuzz.report import read_json_file
+    from racefuzz.watchdog import StopRequested, stoppable
 
     data = read_json_file(args.file)  # bounded, regular files only: `racefuzz replay /dev/zero` is one line
-    if _is_trace_replay(data):
-        if args.backend == "sim":
-            raise InvalidArgument(
-                f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
-                "--backend on the device it was recorded on"
-            )
-        from racefuzz.commands.trace import replay_trace, require_torch
-        from racefuzz.trace.search import build_recorder
+    replay = {"model": _model_replay, "trace": _trace_replay}[replay_kind(data, args.file)](data, args)
+    try:
+        with stoppable(args.example_timeout):  # a hung hook, kernel or step is abandoned, Ctrl-C stops between runs
+            return replay()
+    except StopRequested as stop:
+        if stop.reason == "timeout":
+            raise ExampleTimeout(stop.detail) from None
+        raise
 
-        require_torch()
-        build_recorder()  # before the watchdog: the fast path's first build is not an example's run
-        try:
-            with stoppable(args.example_timeout):  # a replayed step that never returns is abandoned
-                return replay_trace(args.file, args.backend or "auto", args.repeat)
-        except StopRequested as stop:
-            if stop.reason == "timeout":
-                raise ExampleTimeout(stop.detail) from None
-            raise
+
+def replay_kind(data: object, source: Path | str) -> str:
+    """The kind of counterexample `data` (a replay file's JSON) holds; a one-line ReplayError if it is not
+    a racefuzz replay file or its kind is unknown."""
+    from racefuzz.report import FORMAT, KIND
+    from racefuzz.trace.report import LEGACY_FORMAT
+
+    if isinstance(data, dict) and data.get("format") == LEGACY_FORMAT:
+        return "trace"
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReplayError(f'{source}: not a racefuzz replay file (no "format": "{FORMAT}")')
+    kind = data.get("kind", KIND)  # a file written before the field is a model's
+    if kind not in KINDS:
+        raise ReplayError(f'{source}: "kind" must be one of {", ".join(KINDS)}, got {kind!r}')
+    return kind
+
+
+def _model_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCode]:
+    """Check the model counterexample `data` and resolve its design and backend (usage errors, before the
+    watchdog); the returned call makes its runs."""
+    from racefuzz.backends import executor, resolve_backend
+    from racefuzz.designs import label, load_design
+    from racefuzz.report import ReplayFile, render
+    from racefuzz.search import explain, judge
+    from racefuzz.watchdog import WatchedExecutor
+
     replay = ReplayFile.from_json(data, str(args.file))
     try:
         design = load_design(replay.design, replay.scenario)
@@ -55,31 +79,38 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
             ) from None
         raise
     run = WatchedExecutor(executor(backend), backend)
-    try:
-        with stoppable(args.example_timeout):  # a hung hook or kernel is abandoned, Ctrl-C stops between runs
-            outcomes = [judge(replay.workload, design, replay.schedule, run) for _ in range(args.repeat)]
-    except StopRequested as stop:
-        if stop.reason == "timeout":
-            raise ExampleTimeout(stop.detail) from None
-        raise
-    manifested = sum(bool(o.corruptions) for o in outcomes)
-    shown = next((o for o in outcomes if o.corruptions), outcomes[0])
-    if shown.oracle is None:
-        print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
-        return ExitCode.CLEAN
-    shown = explain(shown, backend)
-    print(render(shown, design=label(design), backend=backend, replay_path=args.file, scenario=replay.scenario))
-    if replay.oracle == "corruption":
-        print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
-        if manifested < args.repeat:
-            # racefuzz.confirm's rule: a manifestation short of k of k is flaky; the exit 1 stands on the
-            # happens-before race, which does not depend on the timing.
-            print(f"flaky: the corruption is confirmed only {manifested}/{args.repeat}; the verdict is the race")
-    return ExitCode.RACE
+
+    def runs() -> ExitCode:
+        outcomes = [judge(replay.workload, design, replay.schedule, run) for _ in range(args.repeat)]
+        manifested = sum(bool(o.corruptions) for o in outcomes)
+        shown = next((o for o in outcomes if o.corruptions), outcomes[0])
+        if shown.oracle is None:
+            print(f"racefuzz replay: {args.file} did not reproduce on {backend} ({args.repeat} run(s)): no race")
+            return ExitCode.CLEAN
+        shown = explain(shown, backend)
+        print(render(shown, design=label(design), backend=backend, replay_path=args.file, scenario=replay.scenario))
+        if replay.oracle == "corruption":
+            print(f"reproduced the manifested corruption in {manifested}/{args.repeat} run(s) on {backend}")
+            if manifested < args.repeat:
+                # racefuzz.confirm's rule: a manifestation short of k of k is flaky; the exit 1 stands on the
+                # happens-before race, which does not depend on the timing.
+                print(f"flaky: the corruption is confirmed only {manifested}/{args.repeat}; the verdict is the race")
+        return ExitCode.RACE
+
+    return runs
 
 
-def _is_trace_replay(data: object) -> bool:
-    """Whether `data` (a replay file's JSON) is a `racefuzz trace` replay file."""
-    from racefuzz.trace.report import FORMAT
+def _trace_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCode]:
+    """Ready the trace counterexample of `args.file` (torch present, the recorder's fast path built before the
+    watchdog: its first build is not an example's run); the returned call re-runs its step."""
+    if args.backend == "sim":
+        raise InvalidArgument(
+            f"{args.file} is a trace replay file (real code): replay it with --backend cuda, or without "
+            "--backend on the device it was recorded on"
+        )
+    from racefuzz.commands.trace import replay_trace, require_torch
+    from racefuzz.trace.search import build_recorder
 
-    return isinstance(data, dict) and data.get("format") == FORMAT
+    require_torch()
+    build_recorder()
+    return lambda: replay_trace(args.file, args.backend or "auto", args.repeat)

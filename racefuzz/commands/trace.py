@@ -275,11 +275,26 @@ def load_trace_replay(path: Path) -> tuple[str, str, tuple[str, ...], list[tuple
     in its range); any problem is a one-line `ReplayError`. The file is read as `racefuzz replay` reads its
     own (`racefuzz.report.read_json_file`: bounded, regular files only)."""
     from racefuzz.report import read_json_file
-    from racefuzz.trace.report import FORMAT, FORMAT_VERSION, MAX_REPLAY_DELAY_US, MAX_REPLAY_DELAYS, MAX_REPLAY_LAUNCH
+    from racefuzz.trace.report import (
+        FORMAT,
+        FORMAT_VERSION,
+        KIND,
+        MAX_REPLAY_DELAY_US,
+        MAX_REPLAY_DELAYS,
+        MAX_REPLAY_LAUNCH,
+        is_trace_replay,
+    )
 
     data = read_json_file(path, "trace replay file")
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ReplayError(f'{path}: not a racefuzz trace replay file (no "format": "{FORMAT}")')
+    if not is_trace_replay(data):
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            raise ReplayError(
+                f"{path}: not a racefuzz trace replay file (a counterexample of kind {data.get('kind', 'model')!r}, "
+                f"not {KIND!r}): replay it with racefuzz replay {path}"
+            )
+        raise ReplayError(f'{path}: not a racefuzz trace replay file (no "format": "{FORMAT}", "kind": "{KIND}")')
+    if data.get("format") == FORMAT and not isinstance(data.get("racefuzz"), str):
+        raise ReplayError(f'{path}: "racefuzz" must be the version string that wrote it, got {data.get("racefuzz")!r}')
     for name in ("version", "step", "device", "watch", "delays"):
         if name not in data:
             raise ReplayError(f'{path}: missing field "{name}"')

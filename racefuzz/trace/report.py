@@ -5,8 +5,10 @@ The report opens with the same kind of greppable header as `racefuzz run`'s (`==
 launched each, the bytes as elements, the missing edge in words), the kernels whose sets were assumed,
 and the value oracle's verdict with its shrunk delay points and the command that replays them.
 
-The replay file (JSON, format `racefuzz-trace-replay`) names the step as `module:function`, the device,
-the watched tensors and the delay points; `racefuzz trace --replay FILE` re-runs it.
+The replay file (JSON) is a `racefuzz run` replay file's format (`racefuzz.report.FORMAT`) of kind
+`trace`: it names the step as `module:function`, the device, the watched tensors and the delay points;
+`racefuzz replay FILE` (and `racefuzz trace --replay FILE`) re-runs it. A file of the format this replaced
+(`racefuzz-trace-replay`, version 1: the same fields without `kind`) is read as one of kind `trace`.
 
 The timeline (`write_timeline`: a Perfetto/Chrome trace and a PNG, through `racefuzz.timeline`) shows the
 reference trace in host issue order, one track per stream: one unit per op, not measured time (a traced
@@ -21,11 +23,15 @@ import math
 import os
 from pathlib import Path
 
+from racefuzz import __version__
+from racefuzz.report import FORMAT, FORMAT_VERSION
 from racefuzz.trace.model import HOST
 from racefuzz.trace.search import DelayPoint, TraceResult
 
-FORMAT = "racefuzz-trace-replay"
-FORMAT_VERSION = 1
+KIND = "trace"
+"""The `kind` of a real-code counterexample in the shared replay format (a model's is `model`)."""
+LEGACY_FORMAT = "racefuzz-trace-replay"
+"""The format trace counterexamples had before they shared `FORMAT` (version 1, no `kind`): still read."""
 MAX_RACES_SHOWN = 8
 MAX_REPLAY_DELAYS = 64
 """Bounds on a replay file's delay points (as `racefuzz trace --max-delays`): a file is input, never trusted."""
@@ -106,6 +112,8 @@ def replay_json(result: TraceResult, watch: tuple[str, ...] = ()) -> dict[str, o
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
+        "kind": KIND,
+        "racefuzz": __version__,
         "step": result.step,
         "device": result.device,
         "watch": list(watch),
@@ -124,7 +132,7 @@ def write_replay(result: TraceResult, directory: str | os.PathLike[str], watch: 
 def load_replay(path: str | os.PathLike[str]) -> tuple[str, str, tuple[str, ...], list[DelayPoint]]:
     """(step spec, device, watch, delays) of a replay file; ValueError if it is not one."""
     data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not is_trace_replay(data):
         raise ValueError(f"{path}: not a racefuzz trace replay file")
     if data.get("version") != FORMAT_VERSION:
         raise ValueError(f"format version {data.get('version')!r}; this racefuzz reads version {FORMAT_VERSION}")
@@ -140,6 +148,14 @@ def load_replay(path: str | os.PathLike[str]) -> tuple[str, str, tuple[str, ...]
     if str(data["device"]) not in ("cpu", "cuda"):
         raise ValueError(f"'device' must be 'cpu' or 'cuda', got {data['device']!r}")
     return str(data["step"]), str(data["device"]), tuple(data.get("watch", ())), delays
+
+
+def is_trace_replay(data: object) -> bool:
+    """Whether `data` (a replay file's JSON) is a trace counterexample: `FORMAT` of kind `trace`, or the
+    legacy format."""
+    if not isinstance(data, dict):
+        return False
+    return data.get("format") == LEGACY_FORMAT or (data.get("format") == FORMAT and data.get("kind") == KIND)
 
 
 def write_timeline(result: TraceResult, stem: Path) -> list[Path]:

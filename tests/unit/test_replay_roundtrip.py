@@ -62,3 +62,56 @@ def test_committed_counterexamples_replay_to_their_reports(replay_file: Path, ca
     relative = replay_file.relative_to(ROOT)
     assert main(["replay", str(relative)]) == ExitCode.RACE
     assert capsys.readouterr().out.startswith(replay_file.with_suffix(".txt").read_text())
+
+
+# -- one format, two kinds: a model's counterexample and real code's (racefuzz trace) -------------------
+
+
+def test_a_model_and_a_trace_counterexample_share_one_format_and_replay_through_one_command(
+    tmp_path: Path, capsys
+) -> None:
+    pytest.importorskip("torch")
+    model_dir, trace_dir = tmp_path / "model", tmp_path / "trace"
+    run = ["run", "--backend", "sim", "--design", "none", "--examples", "200", "--quiet", "--no-control"]
+    assert main([*run, "--report-dir", str(model_dir), "--database", "none"]) == ExitCode.RACE
+    step = "racefuzz.trace.example:racy_step"
+    assert main(["trace", step, "--device", "cpu", "--report-dir", str(trace_dir)]) == ExitCode.RACE
+    capsys.readouterr()
+    (model_file,) = (p for p in model_dir.glob("*.json") if not p.name.endswith(".trace.json"))
+    (trace_file,) = (p for p in trace_dir.glob("*.json") if not p.name.endswith(".trace.json"))
+    model, trace = json.loads(model_file.read_text()), json.loads(trace_file.read_text())
+    assert (model["format"], model["version"], model["kind"]) == ("racefuzz-replay", 1, "model")
+    assert (trace["format"], trace["version"], trace["kind"]) == ("racefuzz-replay", 1, "trace")
+    assert trace["step"] == step and trace["racefuzz"] == model["racefuzz"]
+    assert main(["replay", str(model_file)]) == ExitCode.RACE
+    assert capsys.readouterr().out.startswith(model_file.with_suffix(".txt").read_text())
+    assert main(["replay", str(trace_file)]) == ExitCode.RACE
+    assert "reproduced as 1 happens-before race(s)" in capsys.readouterr().out
+    # racefuzz trace --replay takes only the trace's kind, and says where the other goes.
+    assert main(["trace", "--replay", str(model_file)]) == ExitCode.USAGE
+    assert f"of kind 'model', not 'trace'): replay it with racefuzz replay {model_file}" in capsys.readouterr().err
+
+
+def test_a_legacy_trace_replay_file_and_a_model_file_without_kind_still_replay(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("torch")
+    legacy = tmp_path / "legacy.json"
+    legacy.write_text(
+        json.dumps(
+            {
+                "format": "racefuzz-trace-replay",
+                "version": 1,
+                "step": "racefuzz.trace.example:racy_step",
+                "device": "cpu",
+                "watch": [],
+                "delays": [{"stream": "forward", "launch": 0, "us": 5000.0}],
+            }
+        )
+    )
+    assert main(["replay", str(legacy)]) == ExitCode.RACE
+    assert "reproduced as 1 happens-before race(s)" in capsys.readouterr().out
+    committed = sorted((ROOT / "docs/results/design-matrix/counterexamples").glob("*/*.json"))[0]
+    assert "kind" not in json.loads(committed.read_text())  # written before the field: a model's
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**json.loads(committed.read_text()), "kind": "vllm"}))
+    assert main(["replay", str(unknown)]) == ExitCode.USAGE
+    assert "\"kind\" must be one of model, trace, got 'vllm'" in capsys.readouterr().err
