@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from racefuzz.confirm import Confirmation
 from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
-from racefuzz.trace.convert import TraceRace, find_trace_races
+from racefuzz.trace.convert import TraceRace, judge_trace
 from racefuzz.trace.model import HOST, TraceLaunch
 from racefuzz.trace.oracle import Divergence, Nondeterminism, compare, masked, nondeterminism
 from racefuzz.trace.recorder import Recorder, RunRecord
@@ -76,6 +76,8 @@ class TraceResult:
         serialized_runs: the serialized runs without delays compared, the reference run included.
         skipped: why the value search did not run, as the report words it ("": it ran).
         replayed: saved failing delay sets (`SavedFailures`) tried before the search.
+        latent: latent lifetime hazards of the reference trace (`racefuzz.trace.convert.judge_trace`): uses
+            pending at a free that no later allocation in the trace reuses; said, not counted as races.
     """
 
     step: str
@@ -92,6 +94,7 @@ class TraceResult:
     serialized_runs: int = 1
     skipped: str = ""
     replayed: int = 0
+    latent: list[TraceRace] = field(default_factory=list)
 
     @property
     def searched(self) -> bool:
@@ -407,8 +410,8 @@ def fuzz(
     if not run_kernels and device != "cpu":
         raise ValueError("run_kernels=False is for CPU recording: on a GPU the kernels run")
     reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
-    races = find_trace_races(reference.trace)
-    result = TraceResult(step_name(step), device, reference, races)
+    judgement = judge_trace(reference.trace)
+    result = TraceResult(step_name(step), device, reference, judgement.races, latent=judgement.latent)
     ordinals = watched_ordinals(reference, watch)  # an unknown name is an error on the CPU too
     if examples == 0:
         result.skipped = "with --examples 0 (happens-before only: the step was recorded once)"

@@ -91,8 +91,11 @@ def test_a_free_ordered_after_every_use_is_neither():
 
 
 def test_the_search_counts_the_reuse_race_and_not_the_latent_hazard():
-    assert [r.second.kind for r in fuzz(lifetime_step("default"), device="cpu").races] == ["free"]
-    assert fuzz(lifetime_step("none"), device="cpu").races == []
+    reused = fuzz(lifetime_step("default"), device="cpu")
+    assert [r.second.kind for r in reused.races] == ["free"] and reused.latent == [] and reused.racy
+    latent = fuzz(lifetime_step("none"), device="cpu")
+    assert latent.races == [] and not latent.racy
+    assert [(r.first.stream, r.second.kind) for r in latent.latent] == [("forward", "free")]
 
 
 def test_storages_name_the_stream_they_were_allocated_on_on_both_recording_paths(monkeypatch):
