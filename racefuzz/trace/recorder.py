@@ -17,11 +17,13 @@ Frontends report to the active `Recorder`:
   (`.item()`, blocking copies, `nonzero`, ...), or the virtual streams of `TraceEnv` (CPU);
 * allocations: a storage a torch op returns while recording (`allocated`) is watched (a weak reference
   with a callback) and its death is its free: a freed block is a new storage when reused, and the free
-  itself is a write of the whole block on the stream it was allocated on (the caching allocator may hand it
-  to that stream's next allocation at once), so a use on another stream not ordered before the free is a
-  race (not for a pinned host block, which torch's host allocator reuses only after the copies that used
-  it). (A storage's Python object lives exactly as long as the storage: torch preserves it while C++
-  holds the storage.) A storage seen at a new address was grown in place: its old block is freed then.
+  is recorded as a write of the whole block on the stream it was allocated on (not for a pinned host block,
+  which torch's host allocator reuses only after the copies that used it). The caching allocator may hand
+  the block to that stream's next allocation: `racefuzz.trace.lifetime` moves the write there (each
+  `Storage` names the stream it was allocated on, `allocated_on`), so a use on another stream not ordered
+  before that reuse is a race, and one with no reuse in the trace a latent hazard. (A storage's Python
+  object lives exactly as long as the storage: torch preserves it while C++ holds the storage.) A storage
+  seen at a new address was grown in place: its old block is freed then.
 
 Every launch gets an ordinal (its position among launches). The same step run twice launches the same
 sequence, so an ordinal names "the same launch" in the serialized reference run and in a fuzzed run:
