@@ -44,14 +44,11 @@ MAX_EXAMPLES = argtypes.MAX_EXAMPLES
 
 
 def _hazard_list(text: str) -> tuple[str, ...]:
-    from racefuzz.scenarios import get_scenario
-
-    scenario = get_scenario()  # the default scenario, sglang's overlap loop
-    all_hazards = (*scenario.hazards, *scenario.opt_in_hazards)
+    """Comma-separated hazard names; which exist is the scenario's, checked once the design is loaded
+    (`racefuzz.scenarios.check_hazards`), since `--scenario` may come after `--hazards`."""
     names = tuple(h.strip() for h in text.split(",") if h.strip())
-    unknown = [h for h in names if h not in all_hazards]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown hazard(s) {unknown or [text]}; choose from {', '.join(all_hazards)}")
+    if not names:
+        raise argparse.ArgumentTypeError(f"unknown hazard(s) [{text!r}]: name at least one")
     return names
 
 
@@ -67,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     scenario = get_scenario()
     hazards, opt_in = scenario.hazards, scenario.opt_in_hazards
     hazards_help = (
-        f"comma-separated subset of {','.join(hazards)} (default: all of them); opt-in, only when named: "
-        f"{','.join(opt_in)}"
+        f"comma-separated hazards of the scenario (default: all but the opt-in ones); for {scenario.name}: "
+        f"{','.join(hazards)}; opt-in, only when named: {','.join(opt_in)}"
+    )
+    scenario_help = (
+        "built-in scenario name (e.g. vllm-kv-reuse) or module:attr (default: the design's, else sglang-overlap)"
     )
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("-v", "--verbose", action="store_true", help="print the traceback of an error")
@@ -93,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = command("run", "search one design for races (with a negative control)")
     run.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable, else sim")
+    run.add_argument("--scenario", default=None, help=scenario_help)
     run.add_argument(
         "--design",
-        default="global-war",
-        help="built-in name, package.module:attr or path/to/file.py:attr (default: global-war)",
+        default=None,
+        help="built-in name, package.module:attr or path/to/file.py:attr (default: the scenario's default design, "
+        "global-war for sglang-overlap)",
     )
     plan = run.add_mutually_exclusive_group()
     plan.add_argument(
@@ -107,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="always run DFLASH decode prep on the plan stream",
     )
     plan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false", help="never use the plan stream")
-    run.add_argument("--hazards", type=_hazard_list, default=hazards, help=hazards_help)
+    run.add_argument("--hazards", type=_hazard_list, default=None, help=hazards_help)
     run.add_argument(
         "--examples", type=_examples, default=2000, help=f"examples to try, 1 to {MAX_EXAMPLES:,} (default 2000)"
     )
@@ -156,16 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
     compare = command("compare", "correctness and cost of sync designs side by side")
+    compare.add_argument("--scenario", default=None, help=scenario_help)
     compare.add_argument(
         "--designs",
-        default="self-event,global-war",
-        help="comma-separated designs, at least two (default self-event,global-war)",
+        default=None,
+        help="comma-separated designs, at least two (default self-event,global-war for sglang-overlap, every "
+        "built-in design of another --scenario)",
     )
     compare.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable")
     cplan = compare.add_mutually_exclusive_group()
     cplan.add_argument("--plan-stream", dest="plan_stream", action="store_true", default=None)
     cplan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false")
-    compare.add_argument("--hazards", type=_hazard_list, default=hazards, help=hazards_help)
+    compare.add_argument("--hazards", type=_hazard_list, default=None, help=hazards_help)
     compare.add_argument(
         "--workloads",
         type=argtypes.bounded_int(1, 100_000, "a positive integer"),
@@ -195,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--plot", type=argtypes.path, help="write a PNG: cost bars and one timeline per design")
 
     designs = command("designs", "list the built-in designs")
+    designs.add_argument("--scenario", default=None, help="whose designs (default sglang-overlap)")
     designs.add_argument("--mutants", action="store_true", help="list the deliberately broken designs instead")
 
     replay = command("replay", "re-run a replay file and print its report")
@@ -297,7 +302,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from racefuzz.designs import describe
         from racefuzz.scenarios import get_scenario
 
-        scenario = get_scenario()
+        scenario = get_scenario(args.scenario)
         listed = scenario.mutants() if args.mutants else scenario.designs()
         width = max(map(len, listed))
         for name, design in listed.items():

@@ -51,6 +51,7 @@ def _iterations(text: str) -> tuple[int, ...]:
 def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Add the `prove` subcommand through the CLI's subcommand factory."""
     p = command("prove", "prove a design race-free for every workload up to a size (happens-before)")
+    p.add_argument("--scenario", default=None, help="built-in scenario name or module:attr (default sglang-overlap)")
     p.add_argument("--design", default=None, help="the design to prove (default: the scenario's default design)")
     p.add_argument("--hazards", default=None, help="comma-separated hazards (default: the scenario's hazards)")
     p.add_argument(
@@ -102,13 +103,14 @@ def prove_command(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json = check_output_file(args.json, "--json")  # before the work, not after it
     args.report_dir = check_output_dir(args.report_dir, "--report-dir")
-    scenario = get_scenario()
-    hazards = tuple(h for h in (args.hazards or ",".join(scenario.hazards)).split(",") if h)
+    scenario = get_scenario(args.scenario)
     results: dict[str, object] = {"bound": _bound(args)}
     if args.mutants:
         code = _prove_mutants(args, scenario, results)
     else:
-        design = load_design(args.design or scenario.default_design)
+        design = load_design(args.design or scenario.default_design, scenario)
+        scenario = design.scenario  # a user's design names its own
+        hazards = tuple(h for h in (args.hazards or ",".join(scenario.hazards)).split(",") if h)
         # A mutant states the hazards and plan stream its bug needs; an explicit --hazards wins.
         if args.hazards is None and getattr(design.hooks, "hazards", None):
             hazards = tuple(design.hooks.hazards)
@@ -116,7 +118,7 @@ def prove_command(args: argparse.Namespace) -> int:
         options = {} if plan_stream is None else {"plan_stream": plan_stream}
         with _progress(args, design.name) as on_progress:
             proof = prove(design, hazards=hazards, on_progress=on_progress, **_bound(args, **options))  # type: ignore[arg-type]
-        control_design = load_design(scenario.control_design)
+        control_design = load_design(scenario.control_design, scenario)
         with _progress(args, f"the negative control {control_design.name}") as on_progress:
             control = prove(control_design, hazards=hazards, on_progress=on_progress, **_bound(args, **options))  # type: ignore[arg-type]
         results.update(design=proof.to_json(), control=control.to_json())
@@ -214,7 +216,7 @@ def _prove_mutants(args: argparse.Namespace, scenario: object, results: dict[str
         plan_stream = getattr(mutant, "plan_stream", None)
         options = {} if plan_stream is None else {"plan_stream": plan_stream}
         try:
-            proof = prove(load_design(name), hazards=hazards, keep=1, **_bound(args, **options))  # type: ignore[arg-type]
+            proof = prove(load_design(name, scenario), hazards=hazards, keep=1, **_bound(args, **options))  # type: ignore[arg-type]
         except InvalidArgument as exc:
             raise InvalidArgument(f"{name}: {exc}") from None
         found = proof.counterexamples[0] if proof.counterexamples else None

@@ -21,6 +21,7 @@ from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
 from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
 from racefuzz.progress import progress
+from racefuzz.scenarios import Scenario, check_hazards, get_scenario
 from racefuzz.watchdog import (
     StopRequested,
     WatchedExecutor,
@@ -66,6 +67,8 @@ def example_database(spec: str | None):
 def run_search(design: Design, args: argparse.Namespace, backend: str, run, *, shrink: bool = True):
     from racefuzz.search import search
 
+    # `--plan-stream` is sglang's workload option: passed only when given (another scenario rejects it).
+    options = {} if args.plan_stream is None else {"plan_stream": args.plan_stream}
     with progress(args.examples, design.name, quiet=args.quiet) as on_example:
         return search(
             design,
@@ -74,13 +77,13 @@ def run_search(design: Design, args: argparse.Namespace, backend: str, run, *, s
             examples=args.examples,
             seed=args.seed,
             hazards=args.hazards,
-            plan_stream=args.plan_stream,
             max_delays=args.max_delays,
             shrink=shrink,
             repeat=args.repeat,
             strategy=args.strategy,
             on_example=on_example,
             database=args.example_database,
+            **options,
         )
 
 
@@ -126,11 +129,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         args.json = check_output_file(args.json, "--json")
 
 
+def scenario_hazards(scenario: Scenario, hazards: tuple[str, ...] | None) -> tuple[str, ...]:
+    """`--hazards` checked against the design's scenario (None: the scenario's default hazards), in order."""
+    chosen = tuple(scenario.hazards) if hazards is None else hazards
+    check_hazards(scenario, chosen)
+    return chosen
+
+
 def lint(design: Design, args: argparse.Namespace) -> None:
     """Build and lint the design's programs for a few fixed workloads; warnings on stderr, errors with --strict."""
     from racefuzz.lint import preflight
 
-    findings = preflight(design, args.hazards, plan_stream=args.plan_stream)
+    options = {} if args.plan_stream is None else {"plan_stream": args.plan_stream}
+    findings = preflight(design, args.hazards, **options)
     if findings and args.strict:
         listed = "; ".join(str(f) for f in findings)
         raise UserCodeError(f"design {design.spec} fails the lint (--strict): {listed}")
@@ -147,8 +158,11 @@ def run_command(args: argparse.Namespace) -> ExitCode:
         # Everything that runs the user's code is watched: a design module or hook that never returns is
         # abandoned after --example-timeout, and Ctrl-C stops at the next checkpoint.
         with stoppable(args.example_timeout):
+            scenario = get_scenario(args.scenario)
+            args.design = args.design or scenario.default_design
             checkpoint(f"loading design {args.design}")
-            design = load_design(args.design)
+            design = load_design(args.design, scenario)
+            args.hazards = scenario_hazards(design.scenario, args.hazards)
             control_name = design.scenario.control_design  # the negative control, defined once by the scenario
             control_design = None
             if design.name != control_name and not args.no_control:
