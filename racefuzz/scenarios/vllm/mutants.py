@@ -47,9 +47,8 @@ class PrepareEventEarly(DeferredFree):
     equivalent = None
 
     def input_prep_enter(self, ctx) -> None:
-        event = ctx.state.setdefault("prepare_inputs_event", ctx.device.event("prepare_inputs_event"))
-        event.synchronize()
-        event.record(ctx.compute_stream)
+        super().input_prep_enter(ctx)
+        super().input_prep_exit(ctx)
 
     def input_prep_exit(self, ctx) -> None:
         """Recorded on entry instead."""

@@ -100,11 +100,14 @@ class VllmWorkloads:
         max_iterations: int = MAX_STEPS,
         fixed_iterations: bool = False,
     ) -> None:
+        unknown = sorted(set(hazards) - {*HAZARDS, *OPT_IN_HAZARDS})
+        if unknown:
+            raise InvalidArgument(f"unknown hazard(s) {unknown}; choose from {', '.join((*HAZARDS, *OPT_IN_HAZARDS))}")
         if type(max_requests) is not int or max_requests < 1:
             raise InvalidArgument(f"workloads: max_requests must be an integer >= 1, got {max_requests!r}")
         if type(max_iterations) is not int or not 1 <= max_iterations <= 64:
             raise InvalidArgument(f"workloads: max_iterations must be an integer in [1, 64], got {max_iterations!r}")
-        self.hazards = hazards
+        self.hazards = frozenset(hazards)
         self.max_requests = max_requests
         self.max_steps = max_iterations
         self.fixed_steps = bool(fixed_iterations)

@@ -126,6 +126,11 @@ class Workload:
         return -(-(request.prompt_len + request.output_len) // self.block_size)
 
     @property
+    def iterations(self) -> int:
+        """`steps` under the name the generic layers use (`racefuzz run`'s JSON summary, `prove`'s bound)."""
+        return self.steps
+
+    @property
     def max_blocks_per_request(self) -> int:
         """Columns of the block table."""
         return max((self.blocks_needed(r) for r in self.requests), default=1)

@@ -19,12 +19,15 @@ class PrepareInputsEvent:
     """The `prepare_inputs_event` guard every vLLM design shares."""
 
     def input_prep_enter(self, ctx) -> None:
-        ctx.state.setdefault("prepare_inputs_event", ctx.device.event("prepare_inputs_event")).synchronize()
+        event = ctx.state.get("prepare_inputs_event")
+        if event is not None:  # before the first record a synchronize() returns at once: leave it out
+            event.synchronize()
 
     def input_prep_exit(self, ctx) -> None:
-        ctx.state.setdefault("prepare_inputs_event", ctx.device.event("prepare_inputs_event")).record(
-            ctx.compute_stream
-        )
+        event = ctx.state.get("prepare_inputs_event")
+        if event is None:
+            event = ctx.state["prepare_inputs_event"] = ctx.device.event("prepare_inputs_event")
+        event.record(ctx.compute_stream)
 
 
 class ImmediateFree(PrepareInputsEvent):
