@@ -9,7 +9,10 @@ from the mode (`launch_op`), an op of the first kind that does reach it (one a c
 into). Recording without it takes the Python
 path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly; why is
 said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default `~/.cache/racefuzz`),
-one directory per torch and Python version; concurrent processes (pytest-xdist workers) wait for one build
+one directory per torch version, Python version and interpreter prefix (`sys.prefix`: two virtual
+environments on one host keep a build each, instead of rebuilding it whenever the other ran last); the
+first build says on stderr, in one line, that it is compiling and where, whoever asked for it (the CLI,
+the pytest fixture, `racefuzz.trace.fuzz`). Concurrent processes (pytest-xdist workers) wait for one build
 through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a killed build's and is
 removed first.
 """
@@ -32,10 +35,15 @@ _loaded: list[Any] = []
 
 
 def build_directory() -> str:
+    """Where this interpreter's build goes: one directory per torch version, Python version and `sys.prefix`
+    (its digest: a virtual environment's path may be long or odd)."""
+    import hashlib
+
     import torch
 
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    version = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    prefix = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+    version = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{prefix}"
     return os.path.join(cache, "racefuzz", f"fastpath-{version}")
 
 
@@ -60,8 +68,10 @@ def _load() -> Any | None:
         _clear_stale_lock(os.path.join(directory, "lock"))
         if not any(name.startswith(NAME) and name.endswith(".so") for name in os.listdir(directory)):
             print(
-                f"racefuzz: compiling the trace recorder's C++ fast path into {directory} (once; 10-60 s)",
+                f"racefuzz: compiling the trace recorder's C++ fast path (once for this interpreter, 10-60 s); "
+                f"cache: {directory}",
                 file=sys.stderr,
+                flush=True,
             )
         module = load(NAME, [SOURCE], build_directory=directory, extra_cflags=["-O2"], verbose=False)
     except Exception as error:  # no compiler, no ninja, a torch without headers: record in Python

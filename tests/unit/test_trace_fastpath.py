@@ -624,3 +624,31 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(tmp_path,
     os.utime(lock, (old, old))
     fastpath._clear_stale_lock(str(lock))
     assert not lock.exists() and "unfinished build" in capsys.readouterr().err
+
+
+def test_each_interpreter_prefix_keeps_its_own_build_and_the_first_build_says_where(monkeypatch, capsys, tmp_path):
+    import os
+    import sys
+
+    import torch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-a"))
+    first = fastpath.build_directory()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv-b"))
+    second = fastpath.build_directory()
+    assert first != second  # two virtual environments on one host: two builds, neither rebuilt by the other
+    assert f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}" in second
+    assert second.startswith(str(tmp_path / "racefuzz"))
+    # The first build says it is compiling and where, on stderr, whoever asked (here the library's load()).
+    built = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda name, sources, **options: built.append(options))
+    monkeypatch.setattr(fastpath, "_loaded", [])
+    fastpath.load()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "compiling the trace recorder's C++ fast path" in line and f"cache: {second}" in line
+    assert built and built[0]["build_directory"] == second
+    monkeypatch.setattr(fastpath, "_loaded", [])  # the next interpreter start, its build there: no line
+    (tmp_path / "racefuzz" / os.path.basename(second) / f"{fastpath.NAME}.so").write_text("")
+    fastpath.load()
+    assert capsys.readouterr().err == ""
