@@ -132,7 +132,7 @@ def event_in_capture_step(record_after_read: bool):
 
     def step(env):
         table, out, schedule, forward = streams_set_up(env)
-        read_done = torch.cuda.Event()
+        read_done = torch.cuda.Event(external=True)  # CUDA's event whose record inside a capture is a node
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             if not record_after_read:
@@ -249,6 +249,8 @@ def waiting_capture_step(wait_inside_capture: bool):
         plan = env.stream("plan")
         plan.wait_stream(env.current_stream())
         planned = torch.cuda.Event(external=True)  # a wait inside a capture on an outside record: CUDA's external event
+        with env.use(plan):
+            planned.record()  # torch makes the CUDA event at its first record: a wait before it waits for nothing
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             if wait_inside_capture:
