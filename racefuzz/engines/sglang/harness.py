@@ -67,7 +67,7 @@ def run_version(
     holder: dict[str, Any] = {}
     syncs: dict[str, int] = {}
     start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, syncs)
-    sgl.server_args = adapter.server_args(None, spec=workload.spec)
+    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
     if device == "cuda":
         sgl.server_args.device = "cuda"
 
@@ -114,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-done", choices=("none", "after", "before"), default="none")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: real streams (gpu.py)")
+    parser.add_argument(
+        "--manifest",
+        type=int,
+        metavar="EXAMPLES",
+        help="cuda: instead of the happens-before runs, fuzz delays (aimed at each race first, then up to "
+        "EXAMPLES drawn) for a wrong page-table read (manifest.py)",
+    )
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
     began = time.perf_counter()
@@ -151,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
 
         out["read_done"] = args.read_done
         out["runs"] = []
+        if args.manifest is not None:
+            from racefuzz.engines.sglang.manifest import manifest_workload
+
+            out["manifest"] = [
+                manifest_workload(workload, sgl, adapter, args.read_done, args.device, args.manifest)
+                for workload in workloads
+            ]
+            workloads = []
         for workload in workloads:
             for barrier in (True, False) if not args.no_control else (True,):
                 run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device)
