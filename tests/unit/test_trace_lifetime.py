@@ -22,11 +22,12 @@ def lifetime_step(reuse: str, ordered_before_reuse: bool = False):
     """A buffer allocated on the default stream, read on `forward` (no edge back), freed by the host; then,
     as `reuse` says, nothing, an allocation on the default stream of the same pool (it may get the block), one
     of the other pool (cannot), or one on `forward` (another stream's pool). `ordered_before_reuse`: the
-    default stream waits for `forward` after the free, before the allocation."""
+    default stream waits for `forward` after the free, before the allocation. On the device the env names
+    (tests/cuda runs it on a GPU)."""
 
     def step(env):
         forward = env.stream("forward")
-        buffer = torch.ones(SMALL)
+        buffer = torch.ones(SMALL, device=env.device)
         forward.wait_stream(env.current_stream())
         with env.use(forward):
             total = buffer.sum()
@@ -34,12 +35,12 @@ def lifetime_step(reuse: str, ordered_before_reuse: bool = False):
         if ordered_before_reuse:
             env.current_stream().wait_stream(forward)
         if reuse == "default":
-            fresh = torch.zeros(SMALL)
+            fresh = torch.zeros(SMALL, device=env.device)
         elif reuse == "default-large":
-            fresh = torch.zeros(2 * SMALL_BLOCK_BYTES // 4)
+            fresh = torch.zeros(2 * SMALL_BLOCK_BYTES // 4, device=env.device)
         elif reuse == "forward":
             with env.use(forward):
-                fresh = torch.zeros(SMALL)
+                fresh = torch.zeros(SMALL, device=env.device)
         else:
             fresh = None
         return {"total": total} if fresh is None else {"total": total, "fresh": fresh}
