@@ -27,8 +27,7 @@ def races_of(step):
 def streams_set_up(env):
     """A 4 x 8 table (row r holds r + 1) and an output, on the default stream; `schedule` and `forward`
     ordered after them."""
-    table = env.name(torch.arange(1, 5, dtype=torch.float32, device=env.device).repeat_interleave(8), "table")
-    table = table.view(4, 8)
+    table = env.name(torch.arange(1, 5, dtype=torch.float32, device=env.device).view(4, 1).repeat(1, 8), "table")
     out = env.name(torch.zeros(8, device=env.device), "out")
     schedule, forward = env.stream("schedule"), env.stream("forward")
     for stream in (schedule, forward):
