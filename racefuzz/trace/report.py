@@ -25,7 +25,10 @@ from pathlib import Path
 
 from racefuzz import __version__
 from racefuzz.report import FORMAT, FORMAT_VERSION
+from racefuzz.trace.convert import TraceRace
 from racefuzz.trace.model import HOST
+from racefuzz.trace.oracle import Nondeterminism
+from racefuzz.trace.recorder import RunRecord
 from racefuzz.trace.search import DelayPoint, TraceResult
 
 KIND = "trace"
@@ -60,6 +63,7 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
         lines.append(race.explain())
     if len(races) > MAX_RACES_SHOWN:
         lines.append(f"... and {len(races) - MAX_RACES_SHOWN} more")
+    lines.extend(latent_lines(result.latent))
     lines.extend(_nondeterministic_lines(result))
     if not result.searched:
         lines.append(f"value oracle: not run {result.skipped}")
@@ -93,14 +97,18 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
 
 
 def _nondeterministic_lines(result: TraceResult) -> list[str]:
-    """The launches and outputs that differed between serialized runs without any delay, said once."""
-    found = result.nondeterministic
+    return nondeterministic_lines(result.reference, result.nondeterministic, result.serialized_runs)
+
+
+def nondeterministic_lines(reference: RunRecord, found: Nondeterminism, runs: int) -> list[str]:
+    """The launches and outputs of `reference` that differed between `runs` serialized runs without any
+    delay, said once (none: no line)."""
     if not found.stores and not found.outputs:
         return []
-    ops, launch_ops = result.reference.trace.ops, result.reference.launch_ops
+    ops, launch_ops = reference.trace.ops, reference.launch_ops
     lines = [
-        f"nondeterministic without any delay (they differed between {result.serialized_runs} serialized runs; the "
-        "value oracle does not compare them, happens-before still judges them):"
+        f"nondeterministic without any delay (they differed between {runs} serialized runs; the value oracle "
+        "does not compare them, happens-before still judges them):"
     ]
     lines.extend(f"  launch {ops[launch_ops[ordinal]].describe()}" for ordinal in found.launches)
     if found.outputs:
@@ -198,3 +206,18 @@ def write_timeline(result: TraceResult, stem: Path) -> list[Path]:
 def report_stem(result: TraceResult, directory: str | os.PathLike[str]) -> Path:
     """Where a result's files go: `<directory>/trace-<module.function>`."""
     return Path(directory) / f"trace-{result.step.replace(':', '.').replace('<', '').replace('>', '')}"
+
+
+def latent_lines(latent: list[TraceRace]) -> list[str]:
+    """The latent lifetime hazards (`racefuzz.trace.convert.judge_trace`), said once, not counted as races."""
+    if not latent:
+        return []
+    lines = [
+        f"latent lifetime hazard(s), not counted as races: {len(latent)} use(s) on another stream pending at a "
+        "free that no later allocation in the trace reuses (harmless here; a corruption once the program "
+        "allocates on the block's stream again: record_stream the tensor, or make that stream wait before the free)"
+    ]
+    lines.extend(race.explain() for race in latent[:MAX_RACES_SHOWN])
+    if len(latent) > MAX_RACES_SHOWN:
+        lines.append(f"... and {len(latent) - MAX_RACES_SHOWN} more")
+    return lines

@@ -136,3 +136,16 @@ def test_a_storage_made_before_the_recording_is_no_allocation_that_reuses_a_bloc
     assert reuse_points(trace) == {}
     assert find_trace_races(trace) == []
     assert len(judge_trace(trace).latent) == 1
+
+
+def test_the_report_says_a_latent_hazard_once_and_does_not_count_it():
+    from racefuzz.trace.report import render
+
+    latent = render(fuzz(lifetime_step("none"), device="cpu"))
+    assert latent.startswith("==== racefuzz trace: no race")
+    assert "happens-before: 0 unordered conflicting pair(s)" in latent
+    assert "latent lifetime hazard(s), not counted as races: 1 use(s)" in latent
+    assert "free(tmp0 (aten.ones.default)) on default" in latent
+    reused = render(fuzz(lifetime_step("default"), device="cpu"))  # the control: the same free, reused
+    assert reused.startswith("==== racefuzz trace: RACE") and "latent lifetime" not in reused
+    assert "its block reused by aten.zeros.default" in reused

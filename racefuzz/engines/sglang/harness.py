@@ -61,7 +61,7 @@ def run_version(
     python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none", device: str = "cpu"
 ) -> dict[str, Any]:
     from racefuzz.engines.sglang import scheduler as harness_scheduler
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
@@ -81,7 +81,8 @@ def run_version(
 
     began = time.perf_counter()
     record = run_once(step, device)
-    races = find_trace_races(record.trace)
+    judgement = judge_trace(record.trace)
+    races = judgement.races
     run = holder["run"]
     from racefuzz.engines.sglang.fake_model import FakeModelConfig, FakeModelRunner
 
@@ -98,6 +99,7 @@ def run_version(
         "syncs": dict(sorted(syncs.items())),
         "launches": len(record.launch_ops),
         "races": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in races],
+        "latent": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in judgement.latent],
         "sglang_functions": sorted(holder["functions"]),
         "seconds": round(time.perf_counter() - began, 3),
     }
