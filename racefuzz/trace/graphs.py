@@ -230,7 +230,34 @@ def end(recorder: Any, graph: Any) -> None:
             template.ops.append(op)
         else:
             raise capture.refused(f"a host sync ({type(op).__name__.removeprefix('Trace')})")
+    unjoined = _unjoined(template)
+    if unjoined is not None:
+        raise UserCodeError(
+            f"stream {unjoined} joined the capture of CUDA graph {template.name} and was not joined back into its "
+            f"capture stream {template.stream} before capture_end: CUDA refuses such a capture "
+            "(cudaErrorStreamCaptureUnjoined); end the side work with capture_stream.wait_stream(side)"
+        )
     _TEMPLATES[graph] = template
+
+
+def _unjoined(template: Template) -> str | None:
+    """A stream of the capture whose last op is not a record that the capture stream (or a stream joined
+    into it) waits on later, if any: a branch CUDA's `capture_end` refuses."""
+    ops = template.ops
+    joined = {template.stream}
+    branches = {op.stream for op in ops} - joined
+    grew = True
+    while grew:
+        grew = False
+        for branch in sorted(branches - joined):
+            last = max(i for i, op in enumerate(ops) if op.stream == branch)
+            end = ops[last]
+            if isinstance(end, TraceRecord) and any(
+                isinstance(op, TraceWait) and op.event == end.event and op.stream in joined for op in ops[last + 1 :]
+            ):
+                joined.add(branch)
+                grew = True
+    return min(branches - joined, default=None)
 
 
 class Replay(NamedTuple):

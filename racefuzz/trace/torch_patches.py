@@ -9,6 +9,9 @@
   `synchronize`, and `Tensor.record_stream` of a virtual stream (torch's own refuses anything but a
   `torch.Stream`; a CPU tensor has no `record_stream` kernel either). `torch.Stream` / `torch.Event`
   (device-generic) and `torch.accelerator` are not patched.
+* **A CPU run's CUDA graphs.** `torch.cuda.CUDAGraph`, `torch.cuda.graph`, `torch.cuda.graph_pool_handle` and
+  `torch.cuda.is_current_stream_capturing` (torch's CPU build has none that work): a capture and its replays
+  are recorded as a GPU run records them, the captured ops run at each replay (`racefuzz.trace.graphs`).
 * **The host's reads that dispatch no op.** `Tensor.tolist()` and `Tensor.numpy()` read a CPU tensor's
   memory in C++ without an op the dispatch mode could see (`int()`, `float()`, `bool()`, `.item()` and
   iteration go through `_local_scalar_dense` or views and are seen there). In a GPU run such a read of a

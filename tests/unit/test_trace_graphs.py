@@ -239,6 +239,20 @@ def test_a_stream_that_joins_the_capture_is_a_branch_of_each_replay_ordered_by_t
     ]
 
 
+def test_a_branch_not_joined_back_before_capture_end_is_refused_as_cuda_refuses_it():
+    def unjoined(env):
+        table, out, _, _ = streams_set_up(env)
+        side = torch.cuda.Stream()
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out.copy_(table[2])
+
+    with pytest.raises(UserCodeError, match=r"stream stream#\d+ joined the capture of CUDA graph graph#1"):
+        reference(unjoined)
+    assert reference(forked_capture_step(schedule_waits=True)).trace.ops  # the control: joined, recorded
+
+
 def waiting_capture_step(wait_inside_capture: bool):
     """The plan stream writes `table[3]` and records `planned` before the replay; the graph reads the row,
     after waiting on `planned` inside the capture or not."""
