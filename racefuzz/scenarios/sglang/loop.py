@@ -95,6 +95,7 @@ class _Request:
     steps: int = 0  # decode forwards launched
     final_forward: int | None = None  # the iteration of its last decode forward
     released: bool = False
+    filtered: bool = False  # left out of decode batches before its release (Workload.skip_finishing_decode)
 
     @property
     def prefilled(self) -> bool:
@@ -371,7 +372,7 @@ class OverlapLoop:
         rows` and `running_bs` counting the finished requests update_running_batch has not filtered yet."""
         if self.batch_is_full:
             return 0  # get_new_batch_prefill returns None while batch_is_full (scheduler.py:2769-2772)
-        running_bs = sum(1 for r in self.live if r.prefilled) + len(self.unfiltered)
+        running_bs = sum(1 for r in self.live if r.prefilled and not r.filtered) + len(self.unfiltered)
         return max(0, min(self.workload.rows - running_bs, len(self.free_rows)))
 
     def decode_batch(self) -> list[_Request] | None:
@@ -381,7 +382,17 @@ class OverlapLoop:
             # resets batch_is_full (0.5.15 scheduler.py:3045-3047, :3121-3122).
             self.unfiltered.clear()
             self.batch_is_full = False
-        batch = [r for r in self.live if r.prefilled and not r.released]
+        batch = [r for r in self.live if r.prefilled and not r.released and not r.filtered]
+        pending = self.pending
+        if self.workload.skip_finishing_decode and pending is not None:
+            # _reqs_finishing_inflight: the in-flight result commits their last output; filtered now, the
+            # batch shrank, so batch_is_full resets (update_running_batch).
+            finishing = [r for r in batch if r.final_forward == pending.iteration]
+            for r in finishing:
+                r.filtered = True
+            if finishing:
+                self.batch_is_full = False
+                batch = [r for r in batch if not r.filtered]
         if not batch:
             return None
         ctx, hooks, w = self.ctx, self.hooks, self.workload
@@ -562,7 +573,7 @@ class OverlapLoop:
                 r.released = True  # release_kv_cache: the row is free while forward k may still read it
                 self.free_rows.append(r.row)
                 self.live.remove(r)
-                if self.workload.sglang_admission:
+                if self.workload.sglang_admission and not r.filtered:
                     self.unfiltered.append(r)
             elif r.rid in batch.recache and not r.released:
                 rewrites.append(r)

@@ -81,7 +81,7 @@ class RequestSpec:
     swa_recovery: bool = False
 
 
-WRITTEN_WHEN_ON = ("sglang_admission", "lifo_rows")
+WRITTEN_WHEN_ON = ("sglang_admission", "lifo_rows", "skip_finishing_decode")
 """The fields `Workload.to_json` writes only when they are on: the replay files written before they existed
 (which state every field then known) read back as themselves."""
 
@@ -148,6 +148,12 @@ class Workload:
             :437-451; frees append to the tail), so a freed row is the next one taken. Off (the default):
             from its head, first freed first reused, as through 0.5.17 (`free_slots[:n]`, 0.5.17
             memory_pool.py:309).
+        skip_finishing_decode: leave out of a decode batch every request whose in-flight result commits its
+            last output token by length, as sglang's overlap loop does from 0.5.22 (`event_loop_overlap` sets
+            `enable_skip_finishing_decode`, 0.5.23 scheduler.py:2063; `update_running_batch` filters
+            `_reqs_finishing_inflight`, :4444-4465): no forward is over-scheduled with a finished request.
+            Exact for accept length 1 (the host's `len(output_ids) + 1 >= max_new_tokens`). Off (the
+            default): the finished request is still in the next forward, as through 0.5.21.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -168,6 +174,7 @@ class Workload:
     mixed_chunk: bool = False
     sglang_admission: bool = False
     lifo_rows: bool = False
+    skip_finishing_decode: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
