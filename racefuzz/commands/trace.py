@@ -368,13 +368,16 @@ def replay_trace(
     race there exits 1 (the output says which verdict it is)."""
     from racefuzz.confirm import confirm
     from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.oracle import masked
     from racefuzz.trace.search import (
+        SERIALIZED_REPEATS,
         judge_run,
         resolve_device,
         run_once,
         run_with_delays,
         watched_ordinals,
         watched_step,
+        without_the_schedule,
     )
     from racefuzz.watchdog import checkpoint
 
@@ -414,20 +417,46 @@ def replay_trace(
     races = find_trace_races(reference.trace)
     for race in races:
         print(race.explain())
+    # As in the search that wrote the file: what differs between serialized runs without any delay is not
+    # compared, and a divergence counts only k of k (racefuzz.confirm) and if the step without the schedule
+    # does not diverge too. The happens-before races of the trace do not depend on the delays.
+    learned = without_the_schedule(step, device, reference, ordinals, SERIALIZED_REPEATS)
+    _print_nondeterminism(learned, reference, 1 + SERIALIZED_REPEATS)
+    if learned.unstable:
+        print(f"the value oracle cannot judge this step ({learned.unstable}): the delays are not re-run")
+        return _replay_verdict(races, False)
+    compared = masked(reference, learned)
     hits: list[object] = []
 
     def diverges() -> bool:
-        found = judge_run(reference, run_with_delays(step, device, reference, delays, ordinals), ordinals)
+        found = judge_run(compared, run_with_delays(step, device, compared, delays, ordinals), ordinals)
         if found is not None:
             hits.append(found)
         return found is not None
 
-    # A divergence counts only k of k (racefuzz.confirm), as in the search that wrote the file; the
-    # happens-before races of the trace do not depend on the delays.
     confirmation = confirm(diverges, repeat)
     print(f"the value divergence reproduced in {confirmation} run(s)" + (f": {hits[0]}" if hits else ""))
     if hits and not confirmation.confirmed:
         print(f"flaky: the divergence showed in {confirmation} runs, not {repeat} of {repeat}: not counted as a race")
+    counted = confirmation.confirmed
+    if counted:
+        grown = learned | without_the_schedule(step, device, reference, ordinals, repeat)
+        if grown != learned:
+            _print_nondeterminism(grown, reference, 1 + SERIALIZED_REPEATS + repeat)
+            print("not the schedule's doing: the step without any delay differs as well; not counted as a race")
+            counted = False
+    return _replay_verdict(races, counted)
+
+
+def _print_nondeterminism(found: Any, reference: Any, runs: int) -> None:
+    """Print what differed between `runs` serialized runs without any delay (`found`: a `Nondeterminism`)."""
+    from racefuzz.trace.report import nondeterministic_lines
+
+    for line in nondeterministic_lines(reference, found, runs):
+        print(line)
+
+
+def _replay_verdict(races: list[Any], manifested: bool) -> ExitCode:
     if races:
         print(f"{len(races)} happens-before race(s) in the trace")
-    return ExitCode.RACE if races or confirmation.confirmed else ExitCode.CLEAN
+    return ExitCode.RACE if races or manifested else ExitCode.CLEAN

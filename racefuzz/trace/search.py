@@ -420,17 +420,12 @@ def fuzz(
         result.skipped = "on the CPU (it executes eagerly: a delay cannot reorder anything there)"
         return result
 
-    def without_the_schedule(runs: int) -> Nondeterminism:
-        """What differs from the reference in `runs` more serialized runs without any delay."""
-        found = Nondeterminism()
-        for _ in range(runs):
-            run = run_with_delays(step, device, reference, [], ordinals, serialize=True)
-            found |= nondeterminism(reference, run, ordinals)
+    def serialized_runs(runs: int) -> Nondeterminism:
         result.serialized_runs += runs
-        return found
+        return without_the_schedule(step, device, reference, ordinals, runs)
 
     started = time.perf_counter()
-    learned = without_the_schedule(SERIALIZED_REPEATS)
+    learned = serialized_runs(SERIALIZED_REPEATS)
     candidates = saved.saved() if saved is not None else []
     while not learned.unstable:
         compared = masked(reference, learned)
@@ -454,7 +449,7 @@ def fuzz(
             break
         # The schedule's doing only if the step without it agrees with the reference where it is compared;
         # if not, what differed is nondeterministic too, and the search goes on without comparing it.
-        grown = learned | without_the_schedule(confirm)
+        grown = learned | serialized_runs(confirm)
         if grown == learned:
             result.delays, result.divergence = delays, divergence
             confirmation = confirm_k_of_k(lambda found=delays: attempt(found) is not None, confirm)
@@ -468,6 +463,19 @@ def fuzz(
         result.skipped = f"(it cannot judge this step: {learned.unstable})"
     result.seconds = time.perf_counter() - started
     return result
+
+
+def without_the_schedule(
+    step: Step, device: str, reference: RunRecord, ordinals: set[int] | None, runs: int
+) -> Nondeterminism:
+    """What differs from `reference` in `runs` more serialized runs of `step` without any delay: what is
+    nondeterministic, not the schedule's doing."""
+    found = Nondeterminism()
+    for _ in range(runs):
+        found |= nondeterminism(
+            reference, run_with_delays(step, device, reference, [], ordinals, serialize=True), ordinals
+        )
+    return found
 
 
 def _first_saved_failure(

@@ -222,3 +222,39 @@ def test_examples_0_on_the_command_line_is_happens_before_only(as_on_a_gpu, tmp_
     assert "0: record the step once and judge it by happens-before only, on any device" in " ".join(
         trace.format_help().split()
     )
+
+
+def _replay_file(path, step: str, delays: list[tuple[str, int, float]]):
+    import json
+
+    from racefuzz import __version__
+
+    path.write_text(
+        json.dumps(
+            {
+                "format": "racefuzz-replay",
+                "version": 1,
+                "kind": "trace",
+                "racefuzz": __version__,
+                "step": step,
+                "device": "cuda",
+                "watch": [],
+                "delays": [{"stream": s, "launch": n, "us": us} for s, n, us in delays],
+            }
+        )
+    )
+    return path
+
+
+def test_a_replay_masks_what_varies_without_delays_as_the_search_does(as_on_a_gpu, tmp_path, capsys) -> None:
+    from racefuzz.commands.trace import replay_trace
+
+    delays = [("forward", 0, 5000.0)]
+    noisy = _replay_file(tmp_path / "noisy.json", "test_trace_nondeterminism:noisy_synced_step", delays)
+    assert replay_trace(noisy, "auto", 3) == ExitCode.CLEAN
+    out = capsys.readouterr().out
+    assert "nondeterministic without any delay" in out and "aten.rand.default" in out
+    assert "reproduced in 0/3 run(s)" in out
+    hidden = _replay_file(tmp_path / "hidden.json", "test_trace_nondeterminism:hidden_sync_step", delays)
+    assert replay_trace(hidden, "auto", 3) == ExitCode.RACE
+    assert "the value divergence reproduced in 3/3 run(s)" in capsys.readouterr().out
