@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
 # the packages sglang's imports call at module level (msgspec, psutil, dill, pydantic: none depends on torch).
 # Everything else sglang imports is stubbed in the harness's subprocess (racefuzz/engines/sglang/stubs.py).
 "$PYTHON" -m pip install --quiet --disable-pip-version-check msgspec psutil dill pydantic
-"$PYTHON" -m racefuzz.cli sglang fetch --version 0.5.23 --version 0.5.15
+"$PYTHON" -m racefuzz.cli sglang fetch --version 0.5.23 --version 0.5.15 --version 0.5.14
 
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
