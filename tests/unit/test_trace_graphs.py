@@ -340,3 +340,18 @@ def test_graph_steps_record_the_same_trace_with_and_without_the_fast_path(monkey
     monkeypatch.setattr(fastpath, "_loaded", [None])
     python = reference(step).trace
     assert fast.ops == python.ops
+
+
+def test_the_docs_cuda_graphs_example_runs_verbatim_and_races_where_the_docs_say():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "trace.md").read_text()
+    section = docs[docs.index("## CUDA graphs") :]
+    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
+    namespace: dict = {}
+    exec(compile(code, "docs/trace.md", "exec"), namespace)
+    found = races_of(namespace["step"])
+    assert [(r.race.kind.value, r.first.kind, r.first.kernel, r.second.kernel, r.where) for r in found] == [
+        ("WAR", GRAPH_NODE, "aten.mul.Tensor", "aten.fill_.Scalar", ("table[1, 0:8]",))
+    ]
+    assert "in graph#1 replay 1 at" in found[0].first.source
