@@ -62,6 +62,31 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "(default: sglang's eager forward publishes none, the barrier's coarse path runs), after its reads, or "
         "before them (a wrong publisher, which the fast path must be caught trusting)",
     )
+    parser.add_argument(
+        "--spec",
+        choices=("none", "dflash"),
+        default="none",
+        help="speculative decoding: none (default), or dflash: sglang's own DFlashWorkerV2 and "
+        "DFlashDraftInputV2 over fake target and draft models (0.5.14's verify_done self-event, 0.5.15's barrier)",
+    )
+    parser.add_argument(
+        "--plan-stream",
+        action="store_true",
+        help="with --spec dflash: prepare_for_decode on sglang's plan stream (SGLANG_ENABLE_OVERLAP_PLAN_STREAM)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("flashinfer", "fa3"),
+        default="flashinfer",
+        help="how the fake attention backend reads req_to_token: flashinfer (default: each row to its own "
+        "length) or fa3 (FA3's eager page table: every row to the batch's longest)",
+    )
+    parser.add_argument(
+        "--no-radix-cache",
+        dest="radix_cache",
+        action="store_false",
+        help="disable_radix_cache (sglang's ChunkCache: a prefill result rewrites no row)",
+    )
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
     parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
     parser.add_argument("--archive", type=Path, help="fetch: unpack this `sglang pack` archive instead of pip")
@@ -95,7 +120,17 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         device = resolve_device(getattr(args, "device", "cpu"))
     except NoGpu as exc:
         raise InvalidArgument(str(exc)) from None
-    workloads = workloads_for(args.workload, args.examples, args.seed)
+    spec = getattr(args, "spec", "none")
+    plan_stream = bool(getattr(args, "plan_stream", False))
+    if plan_stream and spec != "dflash":
+        raise InvalidArgument("--plan-stream needs --spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
+    workloads = with_spec(
+        workloads_for(args.workload, args.examples, args.seed),
+        spec,
+        plan_stream,
+        getattr(args, "attention", "flashinfer"),
+        getattr(args, "radix_cache", True),
+    )
     targets: list[tuple[str, Path, str | None]] = []
     if args.source is not None:
         targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
@@ -154,6 +189,42 @@ def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict
         return [Workload.from_json(json.loads(path.read_text())).to_json()]
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidArgument(f"--workload {path}: not a workload ({type(exc).__name__}: {exc})") from None
+
+
+def with_spec(
+    workloads: list[dict[str, Any]],
+    spec: str,
+    plan_stream: bool = False,
+    attention: str = "flashinfer",
+    radix_cache: bool = True,
+) -> list[dict[str, Any]]:
+    """The same request streams under `spec`, the read extent `attention` and the radix-cache setting (the
+    defaults leave each workload's own)."""
+    from racefuzz.engines.sglang.workload import Workload
+
+    if spec == "none" and attention == "flashinfer" and radix_cache:
+        return workloads
+    changed = []
+    for data in workloads:
+        workload = Workload.from_json(data)
+        changed.append(
+            workload.with_spec(
+                spec if spec != "none" else workload.spec,
+                plan_stream or workload.plan_stream,
+                attention if attention != "flashinfer" else None,
+                False if not radix_cache else None,
+            ).to_json()
+        )
+    return changed
+
+
+def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """The runs' stream and event calls from sglang's code (`syncs`), summed by call site."""
+    total: dict[str, int] = {}
+    for run in runs:
+        for site, count in run.get("syncs", {}).items():
+            total[site] = total.get(site, 0) + count
+    return dict(sorted(total.items()))
 
 
 def draw_workloads(count: int, seed: int) -> list[Any]:
@@ -254,9 +325,12 @@ def format_result(result: dict[str, Any]) -> str:
     races = [race for run in barrier for race in run["races"]]
     caught = sum(1 for run in controls if run["races"])
     functions = set().union(*(set(run["sglang_functions"]) for run in runs))
+    specs = sorted({run.get("spec", "none") for run in runs} - {"none"})
+    plan = any(run.get("plan_stream") for run in runs)
+    spec_text = f", spec {'/'.join(specs)}{' on the plan stream' if plan else ''}" if specs else ""
     lines = [
         f"sglang {label} (version {result.get('version')}, adapter {result.get('adapter')}, read-done "
-        f"{result.get('read_done')}): "
+        f"{result.get('read_done')}{spec_text}): "
         f"{len(barrier)} workload(s), {sum(r['iterations'] for r in barrier)} loop iterations, "
         f"{sum(r['forwards'] for r in barrier)} forwards, {len(functions)} sglang functions ran in the loop; "
         f"imports {result.get('import_seconds')} s, total {result.get('seconds')} s",
@@ -277,6 +351,11 @@ def format_result(result: dict[str, Any]) -> str:
                     lines.append(f"            called from {chain}")
     else:
         lines.append("  clean: no happens-before race with the WAR barrier as the version has it")
+    steps = sum(r["forwards"] for r in barrier)  # target forwards: one per step (a DFLASH step drafts too)
+    counts = sync_counts(barrier)
+    if counts and steps and specs:
+        lines.append(f"  stream/event calls from sglang's code (fences as the version has them; {steps} steps):")
+        lines += [f"    {count:4d}  {site}" for site, count in counts.items()]
     if controls:
         total = sum(len(run["races"]) for run in controls)
         verdict = "caught" if caught else "NOT caught (inconclusive)"

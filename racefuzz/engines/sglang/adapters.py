@@ -73,9 +73,10 @@ class Adapter:
 
         return Scheduler
 
-    def server_args(self, sgl: Any, spec: str = "none") -> Any:
+    def server_args(self, sgl: Any, spec: str = "none", radix_cache: bool = True) -> Any:
         """The server config the harness runs: a plain decoder on the torch attention path, no CUDA graphs,
-        page size 1; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`."""
+        page size 1; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`;
+        `radix_cache` False sets `disable_radix_cache`."""
         from sglang.srt.server_args import ServerArgs
 
         from racefuzz.engines.sglang.fake_model import DFLASH_BLOCK
@@ -99,6 +100,7 @@ class Adapter:
             attention_backend="torch_native",
             sampling_backend="pytorch",
             random_seed=0,
+            disable_radix_cache=not radix_cache,
         )
 
     @contextlib.contextmanager
@@ -159,16 +161,22 @@ class Adapter:
 
         return TokenToKVPoolAllocator(kv_tokens, torch.int32, device, None, False)
 
-    def make_radix_cache(self, req_to_token_pool: Any, allocator: Any) -> Any:
-        """An ENABLED `RadixCache` (with `disable=True` a prefill result never rewrites its row)."""
+    def make_radix_cache(self, req_to_token_pool: Any, allocator: Any, enabled: bool = True) -> Any:
+        """An ENABLED `RadixCache` (with `disable=True` a prefill result never rewrites its row); with
+        `enabled` False the cache sglang builds when the radix cache is disabled, `ChunkCache` (its
+        `cache_unfinished_req` only copies the row's indices out)."""
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+        params = CacheInitParams(
+            disable=not enabled, req_to_token_pool=req_to_token_pool, token_to_kv_pool_allocator=allocator, page_size=1
+        )
+        if not enabled:
+            from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+            return ChunkCache(params)
         from sglang.srt.mem_cache.radix_cache import RadixCache
 
-        return RadixCache(
-            CacheInitParams(
-                disable=False, req_to_token_pool=req_to_token_pool, token_to_kv_pool_allocator=allocator, page_size=1
-            )
-        )
+        return RadixCache(params)
 
     def kv_cache_result(self, worker: Any) -> Any:
         """What `kv_cache_builder.build_kv_cache` returns, over the fake worker's real pools."""
@@ -182,7 +190,7 @@ class Adapter:
             swa_tokens_per_layer=None,
             req_to_token_pool=worker.req_to_token_pool,
             token_to_kv_pool_allocator=worker.token_to_kv_pool_allocator,
-            disable_radix_cache=False,
+            disable_radix_cache=not worker.radix_cache,
             tree_cache=worker.tree_cache,
         )
 

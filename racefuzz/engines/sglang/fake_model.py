@@ -49,13 +49,16 @@ def _trace_position() -> int:
     return len(recorder.record.trace.ops) if recorder is not None else -1
 
 
-def _sglang_chain(frame: Any, depth: int = 4) -> str:
-    """The first `depth` frames of sglang's code above `frame` (the fake's own frames named as they come)."""
+def _sglang_chain(frame: Any, depth: int = 6) -> str:
+    """sglang's frames above `frame`, innermost first, up to the scheduler's `run_batch` (the phase of a
+    forward that read: `prepare_for_verify <- forward_batch_generation <- run_batch` for DFLASH's verify,
+    `run_batch` alone for the plain forward)."""
     links = []
     while frame is not None and len(links) < depth:
-        name = frame.f_code.co_filename
-        if f"{os.sep}sglang{os.sep}srt{os.sep}" in name or name.endswith("fake_model.py"):
+        if f"{os.sep}sglang{os.sep}srt{os.sep}" in frame.f_code.co_filename:
             links.append(_caller(frame))
+            if frame.f_code.co_name == "run_batch":
+                break
         frame = frame.f_back
     return " <- ".join(links)
 
@@ -227,6 +230,8 @@ class FakeTpWorker(_Strict):
         pool_rows: int,
         kv_tokens: int,
         read_done: str = "none",
+        attention: str = "flashinfer",
+        radix_cache: bool = True,
     ) -> None:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -241,6 +246,8 @@ class FakeTpWorker(_Strict):
         if read_done not in READ_DONE:
             raise ValueError(f"read_done must be one of {', '.join(READ_DONE)}, got {read_done!r}")
         self.read_done = read_done
+        self.attention = attention
+        self.radix_cache = radix_cache
         self.forwards = 0
         self.req_to_token_pool = ReqToTokenPool(pool_rows, context_len, self.device, False)
         env.name(self.req_to_token_pool.req_to_token, "req_to_token")
@@ -258,7 +265,7 @@ class FakeTpWorker(_Strict):
         self.callers: set[str] = set()
         self.read_sites: list[tuple[int, str]] = []
         """(trace position, sglang's callers) of every `read_kv_indices`: which phase a race's read was."""
-        self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator)
+        self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache)
 
     # -- what the scheduler's init reads --------------------------------------------------------------
     def get_worker_info(self) -> tuple[Any, ...]:
@@ -315,7 +322,22 @@ class FakeTpWorker(_Strict):
         """The attention backend's read: `req_to_token[req_pool_indices[i], 0:lengths[i]]` into a private
         `[bs, context_len]` table (zeros past each length), on the current stream: the fake's
         `attention_kv_indices` launch on the CPU; on a GPU sglang's own `create_flashinfer_kv_indices_triton`
-        inside it (`gpu.triton_kv_indices`). The same annotation either way: the rows are exact."""
+        inside it (`gpu.triton_kv_indices`). The same annotation either way: the rows are exact. With
+        `attention="fa3"` every row is read to the batch's longest length (FA3's eager page table,
+        `flashattention_backend.py` `req_to_token[req_pool_indices, :max_seq_len_k]`), and the columns past
+        a row's own length are masked afterwards, in the private table, as FA3's kernel masks them."""
+        own = lengths
+        if self.attention == "fa3" and int(req_pool_indices.shape[0]) > 0:
+            lengths = lengths.max().expand(int(req_pool_indices.shape[0])).contiguous()  # no host read
+        table = self._read_rows(req_pool_indices, lengths)
+        if lengths is not own:
+            import torch
+
+            cols = torch.arange(table.shape[1], device=table.device)[None, :]
+            table = torch.where(cols < own.to(torch.int64)[:, None], table, torch.zeros_like(table))
+        return table
+
+    def _read_rows(self, req_pool_indices: Any, lengths: Any) -> Any:
         import torch
 
         from racefuzz.trace.capture import launch_kernel
@@ -323,7 +345,7 @@ class FakeTpWorker(_Strict):
         req_to_token = self.req_to_token_pool.req_to_token
         bs = int(req_pool_indices.shape[0])
         max_len = self.context_len
-        self.read_sites.append((_trace_position(), _sglang_chain(sys._getframe(1))))
+        self.read_sites.append((_trace_position(), _sglang_chain(sys._getframe(2))))
         if self.device == "cpu":
             kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
             launch_kernel(

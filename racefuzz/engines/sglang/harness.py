@@ -33,6 +33,7 @@ def race_json(
     race: Any, calls: list[tuple[int, str]], forward_callers: set[str], read_sites: list[tuple[int, str]]
 ) -> dict[str, Any]:
     from racefuzz.engines.sglang.scheduler import caller_chain
+    from racefuzz.engines.sglang.stubs import CPU_EQUIVALENTS, LAUNCH_SITES
 
     a, b = race.first, race.second
 
@@ -42,6 +43,10 @@ def race_json(
         if launch.kernel == "attention_kv_indices":
             site = caller_chain(read_sites, launch.index)
             described["called_from"] = [site] if site else sorted(forward_callers)
+        elif launch.kernel in CPU_EQUIVALENTS:  # a DFLASH Triton kernel's torch equivalent (stubs.py)
+            site = caller_chain(LAUNCH_SITES, launch.index)
+            if site:
+                described["called_from"] = [site]
         elif source.endswith("(write)"):
             chain = caller_chain(calls, launch.index)
             if chain:
@@ -79,6 +84,9 @@ def run_version(
         finally:
             holder["functions"], holder["chains"] = stop_profile()
 
+    from racefuzz.engines.sglang.stubs import LAUNCH_SITES
+
+    LAUNCH_SITES.clear()
     began = time.perf_counter()
     record = run_once(step, device)
     judgement = judge_trace(record.trace)

@@ -133,7 +133,16 @@ def build_and_run(
 
         def init_tp_model_worker(self) -> None:  # the model: the fake worker over sglang's real pools
             worker = FakeTpWorker(
-                sgl, adapter, self, env, CONTEXT_LEN, workload.pool_rows, KV_TOKENS, read_done=read_done
+                sgl,
+                adapter,
+                self,
+                env,
+                CONTEXT_LEN,
+                workload.pool_rows,
+                KV_TOKENS,
+                read_done=read_done,
+                attention=workload.attention,
+                radix_cache=workload.radix_cache,
             )
             worker_holder["worker"] = worker
             self.tp_worker = worker

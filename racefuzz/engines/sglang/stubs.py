@@ -294,6 +294,22 @@ def register_annotations() -> None:
     )
 
 
+LAUNCH_SITES: list[tuple[int, str]] = []
+"""(trace position, sglang's callers) of every `CPU_EQUIVALENTS` launch, for a race report to name the
+sglang line that launched the kernel (the recorder's own source line is this module's launcher)."""
+
+
+def _launch_site(frame: Any, depth: int = 4) -> str:
+    links = []
+    while frame is not None and len(links) < depth:
+        name = frame.f_code.co_filename
+        at = name.rfind(f"{os.sep}sglang{os.sep}srt{os.sep}")
+        if at >= 0:
+            links.append(f"{name[at + 1 :]}:{frame.f_lineno} ({frame.f_code.co_name})")
+        frame = frame.f_back
+    return " <- ".join(links)
+
+
 class StubKernel:
     """`triton.jit(fn)` in a stubbed Triton: launching it runs its `CPU_EQUIVALENTS` entry, else raises
     `StubCalled` naming the kernel."""
@@ -314,7 +330,11 @@ class StubKernel:
                 )
             import inspect
 
-            from racefuzz.trace.capture import launch_kernel
+            from racefuzz.trace.capture import active, launch_kernel
+
+            recorder = active()
+            position = len(recorder.record.trace.ops) if recorder is not None else -1
+            LAUNCH_SITES.append((position, _launch_site(sys._getframe(1))))
 
             parameters = inspect.signature(self.fn).parameters
             bound = dict(zip(parameters, args, strict=False))  # args may stop before the defaults
@@ -396,6 +416,43 @@ def _settle_torch_before_triton_stub() -> None:
     del torch
 
 
+STUBBED_OPERATORS = {
+    "sgl_kernel": (
+        "moe_fused_gate(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+        "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+        "bool apply_routed_scaling_factor_on_output=False) -> (Tensor, Tensor)",
+    ),
+}
+"""Operator schemas a stubbed package's C++ library would register, for sglang code that names them at
+import: sglang 0.5.14's `srt/layers/moe/topk.py` (module level, under `if _is_cuda:`, so on a GPU only)
+calls `torch.library.register_fake("sgl_kernel::moe_fused_gate")`, which needs the operator to exist
+(the real `sgl_kernel` defines it when it loads; 0.5.15 dropped the registration). Schema only: calling
+one raises (no kernel), and the sync path never does."""
+
+_LIBRARIES: list[Any] = []
+"""The `torch.library.Library` fragments holding `STUBBED_OPERATORS` (alive for the process)."""
+
+
+def define_stubbed_operators(packages: Iterable[str]) -> list[str]:
+    """Define `STUBBED_OPERATORS`' schemas of the stubbed `packages` that do not exist yet; their names."""
+    import torch
+
+    defined = []
+    for package in packages:
+        for schema in STUBBED_OPERATORS.get(package, ()):
+            name = f"{package}::{schema.split('(', 1)[0]}"
+            try:
+                torch._C._dispatch_find_schema_or_throw(name, "")
+                continue  # defined already (an earlier call, or the package's own library)
+            except RuntimeError:
+                pass
+            library = torch.library.Library(package, "FRAGMENT")
+            library.define(schema)
+            _LIBRARIES.append(library)
+            defined.append(name)
+    return defined
+
+
 FORCE_ENV = "RACEFUZZ_SGLANG_STUB"
 """Comma-separated packages to stub even when installed (besides Triton)."""
 
@@ -421,4 +478,5 @@ def install(force: Iterable[str] = ("triton",)) -> list[str]:
         if name.split(".")[0] in force:
             del sys.modules[name]
     sys.meta_path.insert(0, StubFinder(roots))
+    define_stubbed_operators(roots)
     return sorted(roots)

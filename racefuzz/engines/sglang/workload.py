@@ -9,7 +9,10 @@ the long one decodes, and a third request arriving later that takes the freed ro
 A workload also names the speculative decoding the scheduler runs (`spec`: `none`, or `dflash` for sglang's
 own DFLASH worker v2 over the fake target and draft models) and, for DFLASH, whether
 `DFlashDraftInputV2.prepare_for_decode` runs on sglang's overlap plan stream (`plan_stream`: sglang's
-`SGLANG_ENABLE_OVERLAP_PLAN_STREAM`).
+`SGLANG_ENABLE_OVERLAP_PLAN_STREAM`), how the fake attention backend reads `req_to_token` (`attention`:
+`flashinfer`, each request's own `[0, len)` as `create_flashinfer_kv_indices_triton` does, or `fa3`, the
+eager FA3 page table `req_to_token[rows, :max_len]`: every row to the batch's longest), and whether the
+radix cache is on (`radix_cache`: with it off sglang's `ChunkCache` never rewrites a prefill's row).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class Request:
 
 SPECS = ("none", "dflash")
 """The speculative algorithms a workload may run: none, or sglang's DFLASH (worker v2)."""
+ATTENTION = ("flashinfer", "fa3")
+"""The fake backend's read extents: each row's own length, or every row to the batch's longest."""
 
 
 @dataclass(frozen=True)
@@ -42,17 +47,23 @@ class Workload:
     pool_rows: int = 2
     spec: str = "none"
     plan_stream: bool = False
+    attention: str = "flashinfer"
+    radix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.spec not in SPECS:
             raise ValueError(f"spec must be one of {', '.join(SPECS)}, got {self.spec!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.plan_stream and self.spec != "dflash":
             raise ValueError("plan_stream needs spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
 
     def describe(self) -> str:
         parts = [f"{r.rid}@{r.arrival}:{r.prompt_len}+{r.output_len}" for r in self.requests]
         spec = "" if self.spec == "none" else f", {self.spec}" + (" on the plan stream" if self.plan_stream else "")
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}"
+        backend = "" if self.attention == "flashinfer" else f", {self.attention} reads"
+        radix = "" if self.radix_cache else ", radix cache off"
+        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}{backend}{radix}"
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -63,6 +74,10 @@ class Workload:
         if self.spec != "none":
             data["spec"] = self.spec
             data["plan_stream"] = self.plan_stream
+        if self.attention != "flashinfer":
+            data["attention"] = self.attention
+        if not self.radix_cache:
+            data["radix_cache"] = False
         return data
 
     @staticmethod
@@ -73,11 +88,22 @@ class Workload:
             int(data.get("pool_rows", 2)),
             str(data.get("spec", "none")),
             bool(data.get("plan_stream", False)),
+            str(data.get("attention", "flashinfer")),
+            bool(data.get("radix_cache", True)),
         )
 
-    def with_spec(self, spec: str, plan_stream: bool = False) -> Workload:
-        """This request stream under another speculative algorithm (the same workloads, DFLASH on or off)."""
-        return replace(self, spec=spec, plan_stream=plan_stream)
+    def with_spec(
+        self, spec: str, plan_stream: bool = False, attention: str | None = None, radix_cache: bool | None = None
+    ) -> Workload:
+        """This request stream under another speculative algorithm (the same workloads, DFLASH on or off),
+        and, where given, another read extent or radix-cache setting."""
+        return replace(
+            self,
+            spec=spec,
+            plan_stream=plan_stream,
+            attention=self.attention if attention is None else attention,
+            radix_cache=self.radix_cache if radix_cache is None else radix_cache,
+        )
 
 
 FIXED = Workload(
