@@ -1,14 +1,16 @@
 """`racefuzz trace module:step`: fuzz a step of real code (see `racefuzz.trace`), or re-run a replay file.
 
-Exit codes as `racefuzz run`'s: 1 a race (happens-before, or values that differ from the serialized run;
-its replay file is written first), 0 none, 3 none but the `--control` step (one that must race) was not
-caught either, 2 a bad step name, replay file, `--watch` name or `--report-dir`, `--device cuda` without a
-usable GPU, or no torch, 4 the step (or the control, or the replayed step) itself failed -- raised, or
-called `sys.exit` --, 5 racefuzz's own failure (a bug in the recorder), 6 one run of the step took longer
-than `--example-timeout`.
+Exit codes as `racefuzz run`'s: 1 a race (happens-before, or values that a schedule changes, k of k, and
+that do not differ without it; its replay file is written first), 0 none, 3 none but the `--control` step
+(one that must race) was not caught either, 2 a bad step name, replay file, `--watch` name, `--report-dir`
+or `--database`, `--device cuda` without a usable GPU, or no torch, 4 the step (or the control, or the
+replayed step) itself failed -- raised, or called `sys.exit` --, 5 racefuzz's own failure (a bug in the
+recorder), 6 one run of the step took longer than `--example-timeout`.
 
 A step is `package.module:function` (imported with the working directory on the import path, as `racefuzz
-run --design` does) or `path/to/steps.py:function`.
+run --design` does) or `path/to/steps.py:function`. `--examples 0` records it once and judges it by
+happens-before only, on any device; failing delay sets are kept in `--database` as `racefuzz run` keeps
+its failures.
 """
 
 from __future__ import annotations
