@@ -209,7 +209,8 @@ class EngineLoop:
         self.stores: list[_Store] = []  # offloading: store jobs not yet waited for
         self.allocated: set[int] = set()  # blocks handed out by this step's schedule
         self._next_value = 1
-        self.deferred_block_steps = 0  # block-steps the deferral held back (a cost, for `compare`)
+        self.deferred_blocks = 0  # blocks whose return the deferral held back (a cost, for `compare`)
+        self.admitted_at: dict[int, int] = {}  # request -> the step it was admitted in
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -257,6 +258,13 @@ class EngineLoop:
             self.process(in_flight.popleft())
         return d.finish()
 
+    @property
+    def admission_wait_steps(self) -> int:
+        """Steps the arrived requests waited for blocks, summed (one never admitted: until the last step)."""
+        steps = self.workload.steps
+        arrived = [r for r in self.requests if r.spec.arrival < steps]
+        return sum(self.admitted_at.get(r.rid, steps) - r.spec.arrival for r in arrived)
+
     def schedule(self, k: int) -> tuple[list[_Request], list[_Request]]:
         """`Scheduler.schedule`: decode tokens for the running requests, then admissions in arrival order."""
         B = self.workload.block_size
@@ -281,6 +289,7 @@ class EngineLoop:
             if need > len(self.free_queue):
                 break  # FCFS: the queue's head waits for blocks, and everything behind it
             self.waiting.popleft()
+            self.admitted_at[r.rid] = k
             r.blocks = self._allocate(need)
             if r.spec.remote:
                 r.status = "loading"  # WAITING_FOR_REMOTE_KVS
@@ -471,7 +480,7 @@ class EngineLoop:
             self.release(r.blocks, r.last_step, revealed_at)
         else:
             self.deferred.append((self.sched_step_seq, r.blocks, r.last_step, revealed_at))
-            self.deferred_block_steps += len(r.blocks)
+            self.deferred_blocks += len(r.blocks)
 
     def release(self, blocks: list[int], last_step: int, revealed_at: int) -> None:
         """`BlockPool.free_blocks(reversed(blocks))` for uncached blocks: `prepend_n`, the tail block first."""
