@@ -74,7 +74,7 @@ def manifest_workload(
     from racefuzz.trace.convert import find_trace_races
     from racefuzz.trace.search import fuzz, run_once
 
-    sgl.server_args = adapter.server_args(None, spec=workload.spec)  # as the harness's run_version does
+    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)  # as run_version
     if device == "cuda":
         sgl.server_args.device = "cuda"
 
