@@ -200,9 +200,10 @@ def capture_of(recorder: Any) -> Capture | None:
 
 def begin(recorder: Any, graph: Any) -> None:
     """`graph.capture_begin()` ran on the recorder's thread, on its current stream: a capture starts."""
-    if capture_of(recorder) is not None:
+    open_capture = capture_of(recorder)
+    if open_capture is not None:
         raise UserCodeError(
-            f"capture_begin of a CUDA graph inside the capture of {capture_of(recorder).template.name}: "  # type: ignore[union-attr]
+            f"capture_begin of a CUDA graph inside the capture of {open_capture.template.name}: "
             "racefuzz records one capture at a time"
         )
     graphs = _graphs(recorder)

@@ -355,3 +355,37 @@ def test_the_docs_cuda_graphs_example_runs_verbatim_and_races_where_the_docs_say
         ("WAR", GRAPH_NODE, "aten.mul.Tensor", "aten.fill_.Scalar", ("table[1, 0:8]",))
     ]
     assert "in graph#1 replay 1 at" in found[0].first.source
+
+
+def test_a_kernel_launched_inside_a_capture_runs_at_each_replay_over_its_whole_annotated_views(monkeypatch):
+    from racefuzz.trace import annotations, launch_kernel, rows
+
+    monkeypatch.setattr(annotations, "_REGISTRY", {})
+    annotations.annotate(
+        "row_gather", reads={"table": rows("table", "index"), "index": "whole"}, writes={"out": "whole"}
+    )
+    ran = []
+
+    def row_gather(table, index, out):
+        ran.append(int(index[0]))
+        out.copy_(table[int(index[0])])
+
+    def step(env):
+        table, out, schedule, forward = streams_set_up(env)
+        index = torch.tensor([0], device=env.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch_kernel("row_gather", row_gather, table=table, index=index, out=out)
+        assert ran == []  # not at the capture
+        with env.use(forward):
+            index.fill_(2)  # the graph's input, refilled before the replay on its stream
+            graph.replay()
+        with env.use(schedule):
+            table[0].fill_(9)  # a row the capture's index named, the replay's does not: the whole view races
+        env.synchronize()
+        return {"out": out}
+
+    run = reference(step)
+    assert ran == [2] and run.outputs["out"].tolist() == [3.0] * 8
+    assert run.trace.whole_view_indexing == ["row_gather"]
+    assert [r.where for r in find_trace_races(run.trace)] == [("table[0, 0:8]",)]
