@@ -351,6 +351,16 @@ def format_result(result: dict[str, Any]) -> str:
                     lines.append(f"            called from {chain}")
     else:
         lines.append("  clean: no happens-before race with the WAR barrier as the version has it")
+    latent = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("latent", ())}
+    if latent:  # racefuzz.trace.lifetime: a free nothing reuses in the loop, said once, not counted
+        lines.append(
+            f"  latent lifetime hazard(s), not counted as races: {len(latent)} use(s) pending at a free that no "
+            "later allocation in the loop reuses (a corruption once sglang allocates on that stream again)"
+        )
+        for race in latent.values():
+            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
+            for end in ("first", "second"):
+                lines.append(f"    {end:6}: {race[end]['kernel']} on {race[end]['stream']}  {race[end]['source']}")
     steps = sum(r["forwards"] for r in barrier)  # target forwards: one per step (a DFLASH step drafts too)
     counts = sync_counts(barrier)
     if counts and steps and specs:

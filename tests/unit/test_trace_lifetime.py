@@ -149,3 +149,22 @@ def test_the_report_says_a_latent_hazard_once_and_does_not_count_it():
     reused = render(fuzz(lifetime_step("default"), device="cpu"))  # the control: the same free, reused
     assert reused.startswith("==== racefuzz trace: RACE") and "latent lifetime" not in reused
     assert "its block reused by aten.zeros.default" in reused
+
+
+def test_racefuzz_sglang_says_a_latent_hazard_and_does_not_count_it():
+    from racefuzz.commands.sglang import format_result, version_verdict
+
+    free = {"kernel": "free(tmp1 (aten.arange.start))", "stream": "default", "source": "scheduler.py:4567"}
+    cat = {"kernel": "aten.cat.default", "stream": "schedule_stream", "source": "allocator/token.py:73 (free)"}
+    hazard = {"kind": "WAR", "first": cat, "second": free, "bytes": ["tmp1[34:2048] (flat)"], "missing_edge": "no edge"}
+    run = {"iterations": 8, "forwards": 6, "sglang_functions": [], "races": [], "latent": [hazard]}
+    control = {**run, "barrier": False, "races": [hazard | {"kind": "RAW"}], "latent": []}
+    result = {"status": "ok", "version": "0.5.23", "runs": [{**run, "barrier": True}, control]}
+    text = format_result(result)
+    print(text)
+    assert "clean: no happens-before race" in text
+    assert "latent lifetime hazard(s), not counted as races: 1 use(s)" in text
+    assert "first : aten.cat.default on schedule_stream  allocator/token.py:73 (free)" in text
+    assert version_verdict(result, control=True) == 0
+    racy = {**result, "runs": [{**run, "barrier": True, "races": [hazard]}, control]}  # the control: counted
+    assert version_verdict(racy, control=True) == 1
