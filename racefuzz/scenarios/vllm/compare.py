@@ -54,7 +54,7 @@ def compare(
         d.name: {"unordered": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
     }
     for _ in range(workloads):
-        workload = decode_workload(rng.randbytes(rng.randint(7, 27)), hazards=allowed)
+        workload = decode_workload(rng.randbytes(rng.randint(9, 34)), hazards=allowed)
         workload = replace(workload, forward_cost_us=forward_us, host_work_us=host_us)
         delays = rng.randbytes(4 * rng.randint(0, max_delays))
         for design in designs:

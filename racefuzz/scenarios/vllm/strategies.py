@@ -1,8 +1,10 @@
 """Workloads of the vLLM KV-reuse scenario, decoded from Hypothesis-drawn bytes; the hazards.
 
-As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range` (or a bit
-that shrinks to 0), so shrinking the bytes toward zero and the string toward empty moves every field toward
-its simplest value.
+As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range`, a flag is
+`byte % 2`, so shrinking the bytes toward zero and the string toward empty moves every field toward its
+simplest value, and a bounded proof over bytes below 2 (`racefuzz prove --alphabet 2`) already reaches every
+flag: a 4-byte header (block size, steps, async scheduling, pool slack), then 5 bytes a request (arrival,
+prompt, output length, eos, remote).
 
 The hazards (`hazards` restricts which a workload may contain, so a result can be attributed to one):
 
@@ -36,8 +38,8 @@ MAX_PROMPT = 8
 MAX_OUTPUT = 4
 MAX_STEPS = 8
 
-_HEADER = 3  # block size, steps, flags (bit 0 async scheduling) and pool slack (the other bits)
-_REQUEST = 4  # arrival, prompt, output length, flags (bit 0 eos, bit 1 remote)
+_HEADER = 4  # block size, steps, async scheduling, pool slack
+_REQUEST = 5  # arrival, prompt, output length, eos, remote
 
 
 def decode_workload(
@@ -48,14 +50,14 @@ def decode_workload(
     block_size = 1 + data[0] % MAX_BLOCK_SIZE
     requests = []
     for at in range(_HEADER, len(data) - _REQUEST + 1, _REQUEST):
-        arrival, prompt, output, flags = data[at : at + _REQUEST]
+        arrival, prompt, output, eos, remote = data[at : at + _REQUEST]
         requests.append(
             RequestSpec(
                 arrival=arrival % max_steps,
                 prompt_len=1 + prompt % MAX_PROMPT,
                 output_len=1 + output % MAX_OUTPUT,
-                eos=bool(flags & 1),
-                remote="kv-load" in hazards and bool(flags & 2),
+                eos=bool(eos % 2),
+                remote="kv-load" in hazards and bool(remote % 2),
             )
         )
     if not requests:
@@ -64,14 +66,14 @@ def decode_workload(
     need = [-(-(r.prompt_len + r.output_len) // block_size) for r in requests]
     # A tight pool: from the largest request's own need (its blocks are reused once it finishes) up to all of
     # them; without block reuse, every request gets blocks nobody had before.
-    slack = (data[2] >> 1) % (sum(need) - max(need) + 1) if "block-reuse" in hazards else sum(need) - max(need)
+    slack = data[3] % (sum(need) - max(need) + 1) if "block-reuse" in hazards else sum(need) - max(need)
     num_blocks = max(need) + slack
     return Workload(
         requests=tuple(requests),
         steps=max_steps if fixed_steps else 1 + data[1] % max_steps,
         block_size=block_size,
         num_blocks=num_blocks,
-        async_scheduling="async-scheduling" in hazards and bool(data[2] & 1),
+        async_scheduling="async-scheduling" in hazards and bool(data[2] % 2),
         connector="offloading" if "offload" in hazards else "nixl",
     )
 
