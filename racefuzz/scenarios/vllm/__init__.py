@@ -46,7 +46,7 @@ class VllmKvReuse:
     hazards = HAZARDS
     opt_in_hazards = OPT_IN_HAZARDS
     hook_names = Hooks.NAMES
-    control_design = "none"
+    control_design = "immediate-free"  # the racy design of #45357: every "no race" is judged beside it
     default_design = "deferred-free"
 
     def designs(self) -> Mapping[str, object]:

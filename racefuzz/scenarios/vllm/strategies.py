@@ -3,8 +3,9 @@
 As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range`, a flag is
 `byte % 2`, so shrinking the bytes toward zero and the string toward empty moves every field toward its
 simplest value, and a bounded proof over bytes below 2 (`racefuzz prove --alphabet 2`) already reaches every
-flag: a 4-byte header (block size, steps, async scheduling, pool slack), then 5 bytes a request (arrival,
-prompt, output length, eos, remote).
+flag: a 4-byte header (async scheduling, pool slack, block size, steps), then 5 bytes a request (eos,
+remote, output length, prompt, arrival), the last one possibly cut short (its missing bytes read as 0), so
+that 11 bytes already hold two requests whose second is a remote one.
 
 The hazards (`hazards` restricts which a workload may contain, so a result can be attributed to one):
 
@@ -38,8 +39,8 @@ MAX_PROMPT = 8
 MAX_OUTPUT = 4
 MAX_STEPS = 8
 
-_HEADER = 4  # block size, steps, async scheduling, pool slack
-_REQUEST = 5  # arrival, prompt, output length, eos, remote
+_HEADER = 4  # async scheduling, pool slack, block size, steps
+_REQUEST = 5  # eos, remote, output length, prompt, arrival
 
 
 def decode_workload(
@@ -47,10 +48,10 @@ def decode_workload(
 ) -> Workload:
     """The workload a byte string stands for (see the module docstring)."""
     data = data.ljust(_HEADER, b"\0")
-    block_size = 1 + data[0] % MAX_BLOCK_SIZE
+    block_size = 1 + data[2] % MAX_BLOCK_SIZE
     requests = []
-    for at in range(_HEADER, len(data) - _REQUEST + 1, _REQUEST):
-        arrival, prompt, output, eos, remote = data[at : at + _REQUEST]
+    for at in range(_HEADER, len(data), _REQUEST):
+        eos, remote, output, prompt, arrival = data[at : at + _REQUEST].ljust(_REQUEST, b"\0")
         requests.append(
             RequestSpec(
                 arrival=arrival % max_steps,
@@ -66,14 +67,14 @@ def decode_workload(
     need = [-(-(r.prompt_len + r.output_len) // block_size) for r in requests]
     # A tight pool: from the largest request's own need (its blocks are reused once it finishes) up to all of
     # them; without block reuse, every request gets blocks nobody had before.
-    slack = data[3] % (sum(need) - max(need) + 1) if "block-reuse" in hazards else sum(need) - max(need)
+    slack = data[1] % (sum(need) - max(need) + 1) if "block-reuse" in hazards else sum(need) - max(need)
     num_blocks = max(need) + slack
     return Workload(
         requests=tuple(requests),
-        steps=max_steps if fixed_steps else 1 + data[1] % max_steps,
+        steps=max_steps if fixed_steps else 1 + data[3] % max_steps,
         block_size=block_size,
         num_blocks=num_blocks,
-        async_scheduling="async-scheduling" in hazards and bool(data[2] % 2),
+        async_scheduling="async-scheduling" in hazards and bool(data[0] % 2),
         connector="offloading" if "offload" in hazards else "nixl",
     )
 
@@ -82,7 +83,7 @@ def workload_bytes(max_requests: int = 6) -> st.SearchStrategy[bytes]:
     """The raw bytes `decode_workload` decodes."""
     from hypothesis import strategies as st
 
-    return st.binary(min_size=_HEADER + _REQUEST, max_size=_HEADER + _REQUEST * max_requests)
+    return st.binary(min_size=_HEADER + 1, max_size=_HEADER + _REQUEST * max_requests)
 
 
 class VllmWorkloads:

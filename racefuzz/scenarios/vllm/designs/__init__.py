@@ -1,8 +1,9 @@
 """The built-in sync designs of the vLLM KV-reuse scenario, one module each, each citing the vLLM code it models.
 
-none            no fence at all: the negative control
+none            no fence at all
 immediate-free  `prepare_inputs_event` guards the pinned block table; finished requests' blocks return to the
-                pool at once (vLLM's path without `defer_block_free`: before #45357, or with no KV consumer)
+                pool at once (vLLM's path without `defer_block_free`: before #45357, or with no KV consumer);
+                the negative control, #45357's racy design
 deferred-free   that, plus #45357's deferral: blocks return once the last step that used them was processed
                 (vLLM 0.33.0 with async scheduling and a KV consumer)
 step-event      blocks return at once, every step records an event, and the host waits for the event of the
