@@ -14,7 +14,8 @@ and before its later work. A delay can be enqueued before or after a replay, nev
   the graph's template; frees and the host's own accesses during the capture happened then and stay.
   A host sync inside a capture is refused with a `UserCodeError`, as CUDA refuses it. Tensors allocated
   inside the capture are kept until the recording ends: their blocks are the graph's pool's, which a
-  replay writes again (their free is no write on a stream).
+  replay writes again (their free is no write on a stream), and no reuse of a block freed on the capture's
+  streams (`Storage.allocated_on` cleared).
 * **On the CPU** (`racefuzz.trace.torch_patches` gives a CPU recording `torch.cuda.CUDAGraph` and
   `torch.cuda.graph`) a captured torch op does not run either: its outputs are made from its meta kernel
   (`_outputs_without_running`), and the op runs at each replay on the same tensors (CUDA graphs' static
@@ -32,6 +33,7 @@ and before its later work. A delay can be enqueued before or after a replay, nev
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import weakref
 from collections.abc import Callable
@@ -102,6 +104,7 @@ class Capture:
         self.template = template
         self.start_op = len(recorder.record.trace.ops)
         self.start_ordinal = len(recorder.record.launch_ops)
+        self.start_storage = len(recorder.record.trace.storages)  # keys are 0, 1, ... in order of first sight
         self.saved = (recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing)
         recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing = {}, {}, False, False
         self.mode = _capture_mode(template.kept)
@@ -231,6 +234,13 @@ def end(recorder: Any, graph: Any) -> None:
             template.ops.append(op)
         else:
             raise capture.refused(f"a host sync ({type(op).__name__.removeprefix('Trace')})")
+    # A block the capture allocated is the graph pool's: no reuse of a block freed on its stream
+    # (`racefuzz.trace.lifetime` takes a later allocation on a free's stream for one).
+    streams = {template.stream} | {op.stream for op in template.ops}
+    storages = recorder.record.trace.storages
+    for key, storage in list(storages.items()):
+        if key >= capture.start_storage and storage.allocated_on in streams:
+            storages[key] = dataclasses.replace(storage, allocated_on="")
     unjoined = _unjoined(template)
     if unjoined is not None:
         raise UserCodeError(

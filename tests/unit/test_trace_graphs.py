@@ -389,3 +389,33 @@ def test_a_kernel_launched_inside_a_capture_runs_at_each_replay_over_its_whole_a
     assert ran == [2] and run.outputs["out"].tolist() == [3.0] * 8
     assert run.trace.whole_view_indexing == ["row_gather"]
     assert [r.where for r in find_trace_races(run.trace)] == [("table[0, 0:8]",)]
+
+
+def freed_before_capture_step(env):
+    """A block allocated on the capture stream is freed while the schedule stream may still read it; then the
+    capture allocates on that stream. The capture's allocation is the graph pool's, never that block: the
+    free is a latent hazard, not a race with the replay that first touches the graph's block."""
+    table, out, schedule, forward = streams_set_up(env)
+    capture_stream = torch.cuda.Stream()
+    capture_stream.wait_stream(env.current_stream())
+    with torch.cuda.stream(capture_stream):
+        doubled = table * 2  # allocated on the capture stream
+    schedule.wait_stream(capture_stream)
+    with env.use(schedule):
+        shifted = doubled + 1  # pending on the schedule stream when `doubled` is freed
+    del doubled
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        out.copy_(table[1] * 10)  # the product: a graph-pool block allocated on the capture stream
+    with env.use(forward):
+        graph.replay()
+    env.synchronize()
+    return {"out": out, "shifted": shifted}
+
+
+def test_a_captures_allocation_is_no_reuse_of_a_block_freed_on_the_capture_stream():
+    from racefuzz.trace.convert import judge_trace
+
+    judged = judge_trace(reference(freed_before_capture_step).trace)
+    assert judged.races == []
+    assert [(r.first.stream, r.second.kind) for r in judged.latent] == [("schedule", "free")]
