@@ -17,6 +17,7 @@ from racefuzz.trace.search import launch_points, run_once, run_with_delays
 from tests.unit.test_trace_graphs import (
     event_in_capture_step,
     forked_capture_step,
+    freed_before_capture_step,
     replayed_read_step,
     two_replays_step,
     waiting_capture_step,
@@ -67,6 +68,19 @@ def test_a_graph_step_gets_the_cpus_happens_before_verdict_on_the_gpu(case):
     print(case, on_gpu)
     assert bool(on_gpu) == racy
     assert on_gpu == verdict(step, "cpu")
+
+
+def test_a_captures_allocation_is_no_reuse_on_the_gpu_either():
+    from racefuzz.trace.convert import judge_trace
+
+    judged = {
+        device: judge_trace(run_once(freed_before_capture_step, device, serialize=True).trace)
+        for device in ("cuda", "cpu")
+    }
+    print(judged)
+    for found in judged.values():
+        assert found.races == []
+        assert [(r.first.stream, r.second.kind) for r in found.latent] == [("schedule", "free")]
 
 
 def test_a_replay_is_recorded_as_its_nodes_on_the_replay_stream_between_its_two_delay_points():
