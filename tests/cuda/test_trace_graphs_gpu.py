@@ -117,3 +117,61 @@ def test_the_delay_search_manifests_the_replay_race_beside_a_clean_control():
     clean = fuzz(replayed_read_step(read_done_after_replay=True), device="cuda", examples=100, seed=0)
     print(clean.races, clean.divergence, clean.examples)
     assert not clean.racy and clean.examples > 0
+
+
+def triton_graph_step(read_done_after_replay: bool):
+    """`replayed_read_step` with the graph's read made by a Triton kernel (annotated by the test)."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def graph_copy_row(src, dst, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(dst + offsets, tl.load(src + offsets))
+
+    def step(env):
+        table = env.name(torch.arange(1, 5, dtype=torch.float32, device=env.device).view(4, 1).repeat(1, 8), "table")
+        out = env.name(torch.zeros(8, device=env.device), "out")
+        schedule, forward = env.stream("schedule"), env.stream("forward")
+        for stream in (schedule, forward):
+            stream.wait_stream(env.current_stream())
+        graph_copy_row[(1,)](table[0], out, BLOCK=8)  # compiled outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_copy_row[(1,)](table[1], out, BLOCK=8)
+        with env.use(forward):
+            graph.replay()
+            read_done = env.event("read_done")
+            if read_done_after_replay:
+                read_done.record()
+        with env.use(schedule):
+            if read_done_after_replay:
+                read_done.wait()
+            table[1].fill_(7)
+        env.synchronize()
+        return {"out": out}
+
+    return step
+
+
+def test_a_triton_kernel_in_a_graph_is_a_node_of_each_replay_and_its_race_manifests_before_the_replay(monkeypatch):
+    pytest.importorskip("triton")
+    from racefuzz.trace import annotations
+
+    monkeypatch.setattr(annotations, "_REGISTRY", {})
+    annotations.annotate("graph_copy_row", reads={"src": "whole"}, writes={"dst": "whole"})
+    racy, synced = triton_graph_step(False), triton_graph_step(True)
+    found = find_trace_races(run_once(racy, "cuda", serialize=True).trace)
+    print(*found, sep="\n")
+    assert [(r.race.kind.value, r.first.kind, r.first.kernel, r.where) for r in found] == [
+        ("WAR", GRAPH_NODE, "graph_copy_row", ("table[1, 0:8]",))
+    ]
+    assert find_trace_races(run_once(synced, "cuda", serialize=True).trace) == []
+    reference = run_once(racy, "cuda", serialize=True)
+    # The forward's first boundary launch: the replay's (the eager warm-up launch is on the default stream).
+    before_replay = [("forward", 0, 5000.0)]
+    outs = [run_with_delays(racy, "cuda", reference, before_replay).outputs["out"].tolist() for _ in range(3)]
+    print(reference.outputs["out"].tolist(), outs)
+    assert reference.outputs["out"].tolist() == [2.0] * 8 and outs == [[7.0] * 8] * 3
