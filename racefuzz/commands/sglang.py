@@ -29,6 +29,7 @@ from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
 DEFAULT_TIMEOUT_S = 900.0
+MAX_JOBS = 256
 
 
 def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -53,6 +54,13 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "or a JSON file of one workload",
     )
     parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each version's workloads in N harness processes at once (default 1; the verdict is the same)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
     parser.add_argument(
         "--read-done",
@@ -114,6 +122,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
         raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    if args.jobs < 1 or args.jobs > MAX_JOBS:
+        raise InvalidArgument(f"--jobs must be 1 to {MAX_JOBS}, got {args.jobs}")
     from racefuzz.engines.sglang.gpu import NoGpu, resolve_device
 
     try:
@@ -138,8 +148,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         targets.append((version, sources.locate(version=version), version))
     results = []
     for label, python_dir, version_hint in targets:
-        result = run_harness(
-            python_dir, workloads, args.control, version_hint, args.timeout, args.read_done, device=device
+        result = run_harness_jobs(
+            python_dir, workloads, args.control, version_hint, args.timeout, args.read_done, device, args.jobs
         )
         result["label"] = label
         results.append(result)
@@ -235,6 +245,7 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     from racefuzz.engines.sglang.workload import workloads
 
     drawn: list[Any] = []
+    seen: set[Any] = set()
 
     @hypothesis_seed(seed)
     @settings(
@@ -246,7 +257,8 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     )
     @given(workloads())
     def collect(workload: Any) -> None:
-        if workload not in drawn:
+        if workload not in seen:  # a set: a list's `in` made 10,000 draws take minutes
+            seen.add(workload)
             drawn.append(workload)
 
     collect()
@@ -264,8 +276,7 @@ def run_harness(
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
-    for workload in workloads:
-        command += ["--workload", json.dumps(workload)]
+    command.append("--workloads-stdin")  # on stdin: 10,000 workloads are past the command line's limit
     if not control:
         command.append("--no-control")
     command += ["--read-done", read_done]
@@ -280,7 +291,9 @@ def run_harness(
         # SGLANG_ENABLE_WAR_BARRIER=0: the control was not caught on an H200 host's CPU).
         env["CUDA_VISIBLE_DEVICES"] = ""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(
+            command, input=json.dumps(workloads), capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -292,6 +305,44 @@ def run_harness(
             "python_dir": str(python_dir),
         }
     return json.loads(lines[-1])
+
+
+def run_harness_jobs(
+    python_dir: Path,
+    workloads: list[dict[str, Any]],
+    control: bool,
+    version: str | None,
+    timeout: float,
+    read_done: str = "none",
+    device: str = "cpu",
+    jobs: int = 1,
+) -> dict[str, Any]:
+    """`run_harness` over `workloads` split into `jobs` parts (every jobs-th workload), run at once, merged
+    into one result: the runs in workload order, the slowest part's import time; the first part that did
+    not finish `ok` is the result (its error names what failed)."""
+    parts = [workloads[start::jobs] for start in range(min(jobs, len(workloads)))]
+    if len(parts) <= 1:
+        return run_harness(python_dir, workloads, control, version, timeout, read_done, device)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(parts)) as pool:
+        results = list(
+            pool.map(lambda part: run_harness(python_dir, part, control, version, timeout, read_done, device), parts)
+        )
+    for result in results:
+        if result.get("status") != "ok":
+            return result
+    merged = dict(results[0])
+    per_workload = 2 if control else 1  # each part's runs: its workloads in order, control after each
+    runs: list[dict[str, Any]] = []
+    for index in range(len(workloads)):
+        part, at = index % len(parts), index // len(parts)
+        runs += results[part]["runs"][at * per_workload : (at + 1) * per_workload]
+    merged["runs"] = runs
+    merged["jobs"] = len(parts)
+    merged["import_seconds"] = max(r.get("import_seconds") or 0.0 for r in results)
+    merged["seconds"] = max(r.get("seconds") or 0.0 for r in results)
+    return merged
 
 
 def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:

@@ -306,3 +306,53 @@ def test_a_cpu_run_hides_the_hosts_gpu_from_sglang(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     command.run_harness(Path("python"), [], True, "0.5.16", 10.0, device=device)
     assert (seen["CUDA_VISIBLE_DEVICES"] == "") is hidden
+
+
+@pytest.mark.parametrize("control", [True, False])
+def test_jobs_split_the_workloads_and_merge_the_runs_in_workload_order(
+    monkeypatch: pytest.MonkeyPatch, control: bool
+) -> None:
+    """`--jobs N`: every N-th workload to one harness process; the merged runs are in workload order (the
+    control after its workload's run), as one process would give them; a part that failed is the result."""
+    from racefuzz.commands import sglang as command
+
+    def fake_harness(python_dir, workloads, control, *args, **kwargs):
+        runs = []
+        for workload in workloads:
+            runs += [{"workload": workload["id"], "barrier": b} for b in ((True, False) if control else (True,))]
+        return {"status": "ok", "runs": runs, "import_seconds": 1.0, "seconds": 2.0}
+
+    monkeypatch.setattr(command, "run_harness", fake_harness)
+    workloads = [{"id": i} for i in range(7)]
+    one = command.run_harness_jobs(Path("p"), workloads, control, None, 10.0, jobs=1)
+    three = command.run_harness_jobs(Path("p"), workloads, control, None, 10.0, jobs=3)
+    assert three["runs"] == one["runs"] and three["jobs"] == 3
+    assert [r["workload"] for r in three["runs"] if r["barrier"]] == list(range(7))
+
+    def failing(python_dir, workloads, *args, **kwargs):
+        if workloads[0]["id"] == 1:
+            return {"status": "error", "error": "boom"}
+        return fake_harness(python_dir, workloads, True)
+
+    monkeypatch.setattr(command, "run_harness", failing)
+    assert command.run_harness_jobs(Path("p"), workloads, True, None, 10.0, jobs=3) == {
+        "status": "error",
+        "error": "boom",
+    }
+
+
+def test_workloads_go_to_the_harness_on_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 workloads as arguments are past the command line's limit (E2BIG): they go on stdin."""
+    from racefuzz.commands import sglang as command
+
+    seen: dict[str, object] = {}
+
+    def fake_run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        seen["argv"], seen["input"] = argv, kwargs.get("input")
+        return subprocess.CompletedProcess(argv, 0, stdout='{"status": "ok", "runs": []}\n', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    workloads = [{"requests": [["r0", 0, 4, 2]]}] * 10_000
+    command.run_harness(Path("python"), workloads, True, "0.5.23", 10.0)
+    assert "--workloads-stdin" in seen["argv"] and len(" ".join(seen["argv"])) < 10_000
+    assert json.loads(seen["input"]) == workloads

@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workload", action="append", default=[], help="a Workload as JSON, repeatable (default: the fixed one)"
     )
+    parser.add_argument(
+        "--workloads-stdin", action="store_true", help="read a JSON list of workloads from stdin (as many as wanted)"
+    )
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--traceback", action="store_true")
     parser.add_argument("--read-done", choices=("none", "after", "before"), default="none")
@@ -139,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
         from racefuzz.engines.sglang.workload import FIXED, Workload
 
-        workloads = [Workload.from_json(json.loads(text)) for text in args.workload] or [FIXED]
+        texts = [json.loads(text) for text in args.workload]
+        if args.workloads_stdin:
+            texts += json.load(sys.stdin)
+        workloads = [Workload.from_json(data) for data in texts] or [FIXED]
         # On a GPU Triton is real (sglang's kernels run); on the CPU it is always stubbed.
         out["stubbed"] = stubs.install() if args.device == "cpu" else stubs.install(force=())
         out["device"] = args.device
