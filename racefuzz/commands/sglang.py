@@ -107,6 +107,13 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "auto (cuda if torch sees a CUDA device)",
     )
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
+    parser.add_argument(
+        "--manifest",
+        type=int,
+        metavar="N",
+        help="with --device cuda: also fuzz each workload's delays for a wrong page-table read (a delay aimed "
+        "before each race's read first, then N drawn), confirmed k of k; a manifestation is a race (exit 1)",
+    )
 
 
 def sglang_command(args: argparse.Namespace) -> ExitCode:
@@ -122,6 +129,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
         raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    if args.manifest is not None and (args.manifest < 0 or args.manifest > 10_000):
+        raise InvalidArgument(f"--manifest must be 0 to 10000, got {args.manifest}")
     if args.jobs < 1 or args.jobs > MAX_JOBS:
         raise InvalidArgument(f"--jobs must be 1 to {MAX_JOBS}, got {args.jobs}")
     from racefuzz.engines.sglang.gpu import NoGpu, resolve_device
@@ -130,6 +139,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         device = resolve_device(getattr(args, "device", "cpu"))
     except NoGpu as exc:
         raise InvalidArgument(str(exc)) from None
+    if args.manifest is not None and device != "cuda":
+        raise InvalidArgument("--manifest needs --device cuda: on the CPU a delay cannot reorder anything")
     spec = getattr(args, "spec", "none")
     plan_stream = bool(getattr(args, "plan_stream", False))
     if plan_stream and spec != "dflash":
@@ -149,7 +160,15 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     results = []
     for label, python_dir, version_hint in targets:
         result = run_harness_jobs(
-            python_dir, workloads, args.control, version_hint, args.timeout, args.read_done, device, args.jobs
+            python_dir,
+            workloads,
+            args.control,
+            version_hint,
+            args.timeout,
+            args.read_done,
+            device,
+            args.jobs,
+            manifest=args.manifest,
         )
         result["label"] = label
         results.append(result)
@@ -273,6 +292,7 @@ def run_harness(
     timeout: float,
     read_done: str = "none",
     device: str = "cpu",
+    manifest: int | None = None,
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
@@ -284,6 +304,8 @@ def run_harness(
         command += ["--sglang-version", version]
     if device != "cpu":
         command += ["--device", device]
+    if manifest is not None:
+        command += ["--manifest", str(manifest)]
     env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
     if device == "cpu":
         # The CPU run is the same on every host: on a host with a GPU, sglang's `is_cuda()` would be True and
@@ -316,18 +338,22 @@ def run_harness_jobs(
     read_done: str = "none",
     device: str = "cpu",
     jobs: int = 1,
+    manifest: int | None = None,
 ) -> dict[str, Any]:
     """`run_harness` over `workloads` split into `jobs` parts (every jobs-th workload), run at once, merged
     into one result: the runs in workload order, the slowest part's import time; the first part that did
     not finish `ok` is the result (its error names what failed)."""
     parts = [workloads[start::jobs] for start in range(min(jobs, len(workloads)))]
     if len(parts) <= 1:
-        return run_harness(python_dir, workloads, control, version, timeout, read_done, device)
+        return run_harness(python_dir, workloads, control, version, timeout, read_done, device, manifest)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(parts)) as pool:
         results = list(
-            pool.map(lambda part: run_harness(python_dir, part, control, version, timeout, read_done, device), parts)
+            pool.map(
+                lambda part: run_harness(python_dir, part, control, version, timeout, read_done, device, manifest),
+                parts,
+            )
         )
     for result in results:
         if result.get("status") != "ok":
@@ -339,6 +365,8 @@ def run_harness_jobs(
         part, at = index % len(parts), index // len(parts)
         runs += results[part]["runs"][at * per_workload : (at + 1) * per_workload]
     merged["runs"] = runs
+    if manifest is not None:
+        merged["manifest"] = [results[i % len(parts)]["manifest"][i // len(parts)] for i in range(len(workloads))]
     merged["jobs"] = len(parts)
     merged["import_seconds"] = max(r.get("import_seconds") or 0.0 for r in results)
     merged["seconds"] = max(r.get("seconds") or 0.0 for r in results)
@@ -351,7 +379,7 @@ def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
     if result.get("status") != "ok":
         return ExitCode.INTERNAL
     runs = result["runs"]
-    if any(run["races"] for run in runs if run["barrier"]):
+    if any(run["races"] for run in runs if run["barrier"]) or any(m["manifested"] for m in result.get("manifest", [])):
         return ExitCode.RACE
     if control and not any(run["races"] for run in runs if not run["barrier"]):
         return ExitCode.INCONCLUSIVE
@@ -390,7 +418,13 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"  RACE: {len(races)} happens-before race(s) with the WAR barrier as the version has it")
         seen = set()
         for race in races:
-            key = (race["kind"], race["first"]["source"], race["second"]["source"], tuple(race["bytes"]))
+            key = (
+                race["kind"],
+                race["first"]["source"],
+                tuple(race["first"].get("called_from", ())),  # DFLASH: the draft's read, the verify's
+                race["second"]["source"],
+                tuple(race["bytes"]),
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -425,4 +459,24 @@ def format_result(result: dict[str, Any]) -> str:
             f"  control ({switch}, the barrier off): {verdict}: {total} race(s) in "
             f"{caught} of {len(controls)} workload(s)"
         )
+    lines += manifest_lines(result.get("manifest", []))
     return "\n".join(lines)
+
+
+def manifest_lines(found: list[dict[str, Any]]) -> list[str]:
+    """`--manifest`'s findings: each confirmed wrong read, with its delays; else how much was tried."""
+    lines = []
+    for m in found:
+        if m["manifested"]:
+            lines.append(
+                f"  MANIFESTED on {m['workload']}: {m['divergence']}; under delays {m['delays']} "
+                f"(stream, n-th launch, us), {m['confirmed']} of {m['confirm_runs']} re-runs; {m['seconds']} s"
+            )
+        else:
+            why = f" ({m['skipped'].strip()})" if m.get("skipped") else ""
+            flaky = f", seen {m['confirmed']} of {m['confirm_runs']} re-runs (flaky)" if m.get("divergence") else ""
+            lines.append(
+                f"  no wrong read on {m['workload']}{why}: {m['aimed_tried']} aimed and {m['examples']} drawn delay "
+                f"set(s){flaky}; {m['seconds']} s"
+            )
+    return lines

@@ -356,3 +356,46 @@ def test_workloads_go_to_the_harness_on_stdin(monkeypatch: pytest.MonkeyPatch) -
     command.run_harness(Path("python"), workloads, True, "0.5.23", 10.0)
     assert "--workloads-stdin" in seen["argv"] and len(" ".join(seen["argv"])) < 10_000
     assert json.loads(seen["input"]) == workloads
+
+
+def test_a_confirmed_wrong_read_is_a_race_and_says_where() -> None:
+    """`--manifest`: a wrong read confirmed k of k is exit 1 even where happens-before saw no race (a
+    value-only finding); one seen short of k of k is not, and says it was flaky."""
+    from racefuzz.commands.sglang import format_result, overall_exit
+
+    def result(manifested: bool, confirmed: int) -> dict:
+        found = {
+            "workload": "1 requests (r0@0:4+2), 1 rows",
+            "manifested": manifested,
+            "divergence": "value divergence at launch #7 create_flashinfer_kv_indices_triton" if confirmed else None,
+            "delays": [["forward_stream", 3, 20000.0]] if confirmed else [],
+            "confirmed": confirmed,
+            "confirm_runs": 3 if confirmed else 0,
+            "aimed_tried": 2,
+            "examples": 10,
+            "skipped": "",
+            "seconds": 1.5,
+        }
+        runs = [{"barrier": True, "races": [], "iterations": 3, "forwards": 2, "sglang_functions": []}]
+        runs.append(
+            {"barrier": False, "races": [{"kind": "WAR"}], "iterations": 3, "forwards": 2, "sglang_functions": []}
+        )
+        return {"status": "ok", "version": "0.5.15", "runs": runs, "manifest": [found]}
+
+    racy = result(True, 3)
+    assert overall_exit([racy], control=True) == ExitCode.RACE
+    assert "MANIFESTED on 1 requests" in format_result(racy) and "3 of 3 re-runs" in format_result(racy)
+    flaky = result(False, 2)
+    assert overall_exit([flaky], control=True) == ExitCode.CLEAN
+    assert "seen 2 of 3 re-runs (flaky)" in format_result(flaky)
+    assert "2 aimed and 10 drawn" in format_result(result(False, 0))
+
+
+def test_manifest_needs_a_gpu() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "sglang", "--version", "0.5.23", "--manifest", "5"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == ExitCode.USAGE and "--manifest needs --device cuda" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "--manifest",
         type=int,
         metavar="EXAMPLES",
-        help="cuda: instead of the happens-before runs, fuzz delays (aimed at each race first, then up to "
-        "EXAMPLES drawn) for a wrong page-table read (manifest.py)",
+        help="cuda: after the happens-before runs, fuzz each workload's delays (aimed at each race first, then "
+        "up to EXAMPLES drawn) for a wrong page-table read (manifest.py)",
     )
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
@@ -174,19 +174,18 @@ def main(argv: list[str] | None = None) -> int:
 
         out["read_done"] = args.read_done
         out["runs"] = []
-        if args.manifest is not None:
+        for workload in workloads:
+            for barrier in (True, False) if not args.no_control else (True,):
+                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device)
+                run["workload"] = workload.describe()
+                out["runs"].append(run)
+        if args.manifest is not None:  # after the happens-before runs: the same workloads, fuzzed for values
             from racefuzz.engines.sglang.manifest import manifest_workload
 
             out["manifest"] = [
                 manifest_workload(workload, sgl, adapter, args.read_done, args.device, args.manifest)
                 for workload in workloads
             ]
-            workloads = []
-        for workload in workloads:
-            for barrier in (True, False) if not args.no_control else (True,):
-                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device)
-                run["workload"] = workload.describe()
-                out["runs"].append(run)
         out["status"] = "ok"
     except Unsupported as exc:
         out["status"] = "unsupported"
