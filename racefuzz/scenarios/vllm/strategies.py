@@ -3,9 +3,12 @@
 As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range`, a flag is
 `byte % 2`, so shrinking the bytes toward zero and the string toward empty moves every field toward its
 simplest value, and a bounded proof over bytes below 2 (`racefuzz prove --alphabet 2`) already reaches every
-flag: a 4-byte header (async scheduling, pool slack, block size, steps), then 5 bytes a request (eos,
-remote, output length, prompt, arrival), the last one possibly cut short (its missing bytes read as 0), so
-that 11 bytes already hold two requests whose second is a remote one.
+flag: a 4-byte header (async scheduling, pool slack, block size, steps), then 5 bytes a request
+(arrival, remote, eos, output length, prompt), the last one possibly cut short (its missing bytes read as
+0), so that 11 bytes already hold two requests whose second is a remote one arriving later. A request
+arrives 0 to 2 steps after the one before it, and a byte of 0 means the most steps (`max_steps - byte %
+max_steps`): a drawn workload runs long enough for a request to finish and its blocks to be handed on,
+and the structural minimizer (`minimize.py`) cuts the steps down.
 
 The hazards (`hazards` restricts which a workload may contain, so a result can be attributed to one):
 
@@ -35,12 +38,12 @@ HAZARDS = ("async-scheduling", "block-reuse", "kv-load")
 OPT_IN_HAZARDS = ("offload",)
 
 MAX_BLOCK_SIZE = 4
-MAX_PROMPT = 8
-MAX_OUTPUT = 4
+MAX_PROMPT = 4
+MAX_OUTPUT = 3
 MAX_STEPS = 8
 
 _HEADER = 4  # async scheduling, pool slack, block size, steps
-_REQUEST = 5  # eos, remote, output length, prompt, arrival
+_REQUEST = 5  # arrival, remote, eos, output length, prompt
 
 
 def decode_workload(
@@ -50,11 +53,13 @@ def decode_workload(
     data = data.ljust(_HEADER, b"\0")
     block_size = 1 + data[2] % MAX_BLOCK_SIZE
     requests = []
+    arrives = 0
     for at in range(_HEADER, len(data), _REQUEST):
-        eos, remote, output, prompt, arrival = data[at : at + _REQUEST].ljust(_REQUEST, b"\0")
+        arrival, remote, eos, output, prompt = data[at : at + _REQUEST].ljust(_REQUEST, b"\0")
+        arrives = min(arrives + arrival % 3, max_steps - 1)
         requests.append(
             RequestSpec(
-                arrival=arrival % max_steps,
+                arrival=arrives,
                 prompt_len=1 + prompt % MAX_PROMPT,
                 output_len=1 + output % MAX_OUTPUT,
                 eos=bool(eos % 2),
@@ -63,7 +68,6 @@ def decode_workload(
         )
     if not requests:
         requests.append(RequestSpec())
-    requests.sort(key=lambda r: r.arrival)
     need = [-(-(r.prompt_len + r.output_len) // block_size) for r in requests]
     # A tight pool: from the largest request's own need (its blocks are reused once it finishes) up to all of
     # them; without block reuse, every request gets blocks nobody had before.
@@ -71,7 +75,7 @@ def decode_workload(
     num_blocks = max(need) + slack
     return Workload(
         requests=tuple(requests),
-        steps=max_steps if fixed_steps else 1 + data[3] % max_steps,
+        steps=max_steps if fixed_steps else max_steps - data[3] % 3,
         block_size=block_size,
         num_blocks=num_blocks,
         async_scheduling="async-scheduling" in hazards and bool(data[0] % 2),
