@@ -631,7 +631,7 @@ def _patch_cuda_api() -> None:
         capture_begin(self, *args, **kwargs)
         recorder = _syncing_recorder()
         if recorder is not None:
-            graphs.begin(recorder, self)
+            graphs.begin(recorder)
 
     def graph_capture_end(self: Any) -> None:
         recorder = _syncing_recorder()

@@ -98,9 +98,8 @@ def _graphs(recorder: Any) -> _RecorderGraphs:
 class Capture:
     """A capture in progress (see the module doc): what `begin` changed on the recorder, restored by `end`."""
 
-    def __init__(self, recorder: Any, graph: Any, template: Template) -> None:
+    def __init__(self, recorder: Any, template: Template) -> None:
         self.recorder = recorder
-        self.graph = graph
         self.template = template
         self.start_op = len(recorder.record.trace.ops)
         self.start_ordinal = len(recorder.record.launch_ops)
@@ -201,8 +200,9 @@ def capture_of(recorder: Any) -> Capture | None:
     return None
 
 
-def begin(recorder: Any, graph: Any) -> None:
-    """`graph.capture_begin()` ran on the recorder's thread, on its current stream: a capture starts."""
+def begin(recorder: Any) -> None:
+    """A graph's `capture_begin()` ran on the recorder's thread, on its current stream: a capture starts (its
+    graph is named at `end`)."""
     open_capture = capture_of(recorder)
     if open_capture is not None:
         raise UserCodeError(
@@ -213,7 +213,7 @@ def begin(recorder: Any, graph: Any) -> None:
     graphs.captured += 1
     template = Template(f"graph#{graphs.captured}", weakref.ref(recorder), recorder.current_stream())
     graphs.templates.append(template)
-    CAPTURES.append(Capture(recorder, graph, template))
+    CAPTURES.append(Capture(recorder, template))
 
 
 def end(recorder: Any, graph: Any) -> None:

@@ -264,7 +264,7 @@ def _install_graph_api(patches: _Patches, torch: Any) -> None:
             self._pool = (0, next(pools))
 
         def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
-            graphs.begin(_recording("CUDAGraph.capture_begin"), self)
+            graphs.begin(_recording("CUDAGraph.capture_begin"))
 
         def capture_end(self) -> None:
             graphs.end(_recording("CUDAGraph.capture_end"), self)
