@@ -143,7 +143,9 @@ class Workload:
         if not isinstance(data, dict):
             raise InvalidArgument("a workload is a JSON object")
         try:
-            raw = data.get("requests", ())
+            if "requests" not in data:
+                return cls(**data)
+            raw = data["requests"]
             if not isinstance(raw, list):
                 raise InvalidArgument("workload: requests must be a list")
             requests = []
