@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     from racefuzz.commands.sglang import add_parser as add_sglang_parser
 
     add_sglang_parser(command)
+    from racefuzz.commands.vllm import add_parser as add_vllm_parser
+
+    add_vllm_parser(command)
     return parser
 
 
@@ -324,6 +327,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from racefuzz.commands.sglang import sglang_command
 
         return sglang_command(args)
+    if args.command == "vllm":
+        from racefuzz.commands.vllm import vllm_command
+
+        return vllm_command(args)
     if args.command == "selfcheck":
         from racefuzz.selfcheck import main as selfcheck
 

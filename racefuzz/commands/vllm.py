@@ -1,0 +1,225 @@
+"""`racefuzz vllm`: run vLLM's own `GPUModelRunner` (its input preparation, async output path and
+`prepare_inputs_event`) on a fake model under `racefuzz.trace` on the CPU, version by version, and judge it
+by happens-before (`racefuzz.engines.vllm`, docs/vllm.md).
+
+    racefuzz vllm --version 0.33.0                 # a fetched version (`racefuzz vllm fetch`)
+    racefuzz vllm --source ~/vllm                  # a checkout (the directory holding vllm/)
+    racefuzz vllm fetch --version 0.33.0           # pip download the wheel, unpack its sources
+
+Each version runs in its own subprocess, per workload twice: with `prepare_inputs_event` as the version
+has it, and the negative control (async scheduling, the event's synchronize a no-op). Exit codes as the
+rest of racefuzz: 1 a race in some version, 0 none and every control caught, 3 none but some control not
+caught, 2 a bad argument or missing sources (one line), 5 the harness failed on a version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from racefuzz.errors import InvalidArgument
+from racefuzz.exitcodes import ExitCode
+
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add the `vllm` subcommand through the CLI's subcommand factory."""
+    parser = command("vllm", "run vLLM's own GPUModelRunner (a fake model) under racefuzz.trace")
+    parser.add_argument("action", nargs="?", choices=("run", "fetch"), default="run", help="default: run")
+    parser.add_argument(
+        "--version", dest="versions", action="append", default=[], metavar="X", help="a vLLM version (repeatable)"
+    )
+    parser.add_argument("--source", type=Path, help="a vLLM checkout (the directory holding vllm/)")
+    parser.add_argument("--vllm-version", help="with --source: the tree's version when it has no vllm/_version.py")
+    parser.add_argument(
+        "--workload",
+        default="fixed",
+        help="fixed (3 requests, a preemption, async scheduling), drawn (Hypothesis, --examples of them), "
+        "or a JSON file of one workload",
+    )
+    parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
+    parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
+    parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
+    parser.add_argument(
+        "--device", choices=("cpu",), default="cpu", help="cpu (virtual streams; the only device this harness drives)"
+    )
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
+
+
+def vllm_command(args: argparse.Namespace) -> ExitCode:
+    from racefuzz.engines.vllm import sources
+
+    for version in args.versions:
+        sources.check_version(version)
+    if args.action == "fetch":
+        if not args.versions:
+            raise InvalidArgument("racefuzz vllm fetch needs --version X (repeatable)")
+        for version in args.versions:
+            print(f"vllm {version}: {sources.fetch(version)}")
+        return ExitCode.CLEAN
+    if not args.versions and args.source is None:
+        raise InvalidArgument("racefuzz vllm needs --version X (repeatable) or --source DIR")
+    if args.examples < 1 or args.examples > 10_000:
+        raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    workloads = workloads_for(args.workload, args.examples, args.seed)
+    targets: list[tuple[str, Path, str | None]] = []
+    if args.source is not None:
+        targets.append((f"source {args.source}", sources.locate(source=args.source), args.vllm_version))
+    for version in args.versions:
+        targets.append((version, sources.locate(version=version), version))
+    results = []
+    for label, python_dir, version_hint in targets:
+        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout)
+        result["label"] = label
+        results.append(result)
+        print(format_result(result))
+        sys.stdout.flush()
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return overall_exit(results, args.control)
+
+
+def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict[str, Any]]:
+    """`--workload`'s value as the harness's workload list: `fixed`, `drawn` (`examples` of them from
+    `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
+    from racefuzz.engines.vllm.workload import FIXED, Workload
+
+    if workload == "fixed":
+        return [FIXED.to_json()]
+    if workload == "drawn":
+        return [w.to_json() for w in draw_workloads(examples, seed)]
+    path = Path(workload)
+    if not path.is_file():
+        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {workload!r}")
+    try:
+        return [Workload.from_json(json.loads(path.read_text())).to_json()]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise InvalidArgument(f"--workload {path}: not a workload ({type(exc).__name__}: {exc})") from None
+
+
+def draw_workloads(count: int, seed: int) -> list[Any]:
+    """`count` workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from racefuzz.engines.vllm.workload import workloads
+
+    drawn: list[Any] = []
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=count,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate,),
+    )
+    @given(workloads())
+    def collect(workload: Any) -> None:
+        if workload not in drawn:
+            drawn.append(workload)
+
+    collect()
+    return drawn[:count]
+
+
+def run_harness(
+    python_dir: Path, workloads: list[dict[str, Any]], control: bool, version: str | None, timeout: float
+) -> dict[str, Any]:
+    """One version's harness subprocess (`racefuzz.engines.vllm.harness`) -> its JSON result."""
+    command = [sys.executable, "-m", "racefuzz.engines.vllm.harness", "--python-dir", str(python_dir)]
+    for workload in workloads:
+        command += ["--workload", json.dumps(workload)]
+    if not control:
+        command.append("--no-control")
+    if version:
+        command += ["--vllm-version", version]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", VLLM_LOGGING_LEVEL="ERROR")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {
+            "status": "error",
+            "error": f"the harness exited {done.returncode}: {tail}",
+            "python_dir": str(python_dir),
+        }
+    return json.loads(lines[-1])
+
+
+def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
+    if result.get("status") != "ok":
+        return ExitCode.INTERNAL
+    runs = result["runs"]
+    if any(run["races"] for run in runs if not run["control"]):
+        return ExitCode.RACE
+    if control and not any(run["races"] for run in runs if run["control"]):
+        return ExitCode.INCONCLUSIVE
+    return ExitCode.CLEAN
+
+
+def overall_exit(results: list[dict[str, Any]], control: bool) -> ExitCode:
+    codes = [version_verdict(result, control) for result in results]
+    for code in (ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
+        if code in codes:
+            return code
+    return ExitCode.CLEAN
+
+
+def format_result(result: dict[str, Any]) -> str:
+    label = result.get("label") or result.get("version")
+    if result.get("status") != "ok":
+        return f"vllm {label}: {result.get('status', 'error')}: {result.get('error')}"
+    runs = result["runs"]
+    checked = [run for run in runs if not run["control"]]
+    controls = [run for run in runs if run["control"]]
+    races = [race for run in checked for race in run["races"]]
+    lines = [
+        f"vllm {label} (version {result.get('version')}): {len(checked)} workload(s), "
+        f"{sum(r['steps'] for r in checked)} engine steps, {sum(r['forwards'] for r in checked)} forwards, "
+        f"{sum(r['host_accesses'] for r in checked)} host accesses recorded; imports {result.get('import_seconds')} s, "
+        f"total {result.get('seconds')} s",
+    ]
+    if races:
+        lines.append(f"  RACE: {len(races)} happens-before race(s) with prepare_inputs_event as the version has it")
+        lines += _race_lines(races)
+    else:
+        lines.append("  clean: no happens-before race with prepare_inputs_event as the version has it")
+    if controls:
+        caught = sum(1 for run in controls if run["races"])
+        total = sum(len(run["races"]) for run in controls)
+        verdict = "caught" if caught else "NOT caught (inconclusive)"
+        lines.append(
+            f"  control (async scheduling, prepare_inputs_event.synchronize a no-op): {verdict}: {total} race(s) "
+            f"in {caught} of {len(controls)} workload(s)"
+        )
+        lines += _race_lines([race for run in controls for race in run["races"]], limit=2)
+    return "\n".join(lines)
+
+
+def _race_lines(races: list[dict[str, Any]], limit: int = 6) -> list[str]:
+    lines, seen = [], set()
+    for race in races:
+        key = (race["kind"], race["first"]["source"], race["second"]["source"])
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > limit:
+            lines.append(f"  ... {len(races)} in all")
+            break
+        lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:2])}: {race['missing_edge']}")
+        for end in ("first", "second"):
+            access = race[end]
+            lines.append(f"    {end:6}: {access['kernel']} on {access['stream']}  {access['source']}")
+    return lines

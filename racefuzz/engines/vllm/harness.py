@@ -1,0 +1,160 @@
+"""The harness's subprocess: load one vLLM version's sources, run its `GPUModelRunner` (made by its own
+`__init__`) through vLLM's engine-core step order on a workload under `racefuzz.trace` (CPU, virtual
+streams, happens-before), with `prepare_inputs_event` as the version has it and, as the negative control,
+the same workload under async scheduling with the event's `synchronize` a no-op; print one JSON object.
+
+    python -m racefuzz.engines.vllm.harness --python-dir DIR [--workload JSON] [--no-control]
+
+One version per process (vLLM's modules are imported by their own names). Stubs first (`stubs.install`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import replace
+from typing import Any
+
+
+def _short(source: str) -> str:
+    at = source.rfind(f"{os.sep}vllm{os.sep}")
+    return source[at + 1 :] if at >= 0 else source
+
+
+def race_json(race: Any) -> dict[str, Any]:
+    def access(launch: Any) -> dict[str, Any]:
+        return {"kernel": launch.kernel, "stream": launch.stream, "source": _short(launch.source)}
+
+    return {
+        "kind": race.race.kind,
+        "first": access(race.first),
+        "second": access(race.second),
+        "bytes": list(race.where),
+        "missing_edge": race.race.missing_edge(),
+    }
+
+
+def run_workload(workload: Any, control: bool) -> dict[str, Any]:
+    """One recorded run of the runner on `workload` (`control`: the event's synchronize a no-op)."""
+    import torch
+
+    from racefuzz.engines.vllm import runner as vllm_runner
+    from racefuzz.engines.vllm.host_memory import HostTensors
+    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.search import run_once
+
+    holder: dict[str, Any] = {}
+
+    def step(env: Any) -> None:
+        with HostTensors().recorded():
+            runner = vllm_runner.build_runner(workload, torch.device("cpu", 0), control)
+            # The engine's init ends with the device idle (profiling and warmup synchronize it).
+            env.synchronize()
+            holder["run"] = vllm_runner.run_loop(runner, workload)
+
+    began = time.perf_counter()
+    record = run_once(step, "cpu")
+    races = find_trace_races(record.trace)
+    run = holder["run"]
+    return {
+        "control": control,
+        "async_scheduling": workload.async_scheduling,
+        "steps": run.steps,
+        "forwards": run.forwards,
+        "outputs": run.outputs,
+        "launches": len(record.launch_ops),
+        "host_accesses": sum(1 for op in record.trace.ops if getattr(op, "stream", None) == "host"),
+        "races": [race_json(r) for r in races],
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+
+
+def no_pinned_memory() -> None:
+    """No pinned allocator on a CPU-only torch: vLLM's own switch for that case, set before the modules
+    that import it by name (`vllm.utils.torch_utils.PIN_MEMORY` in 0.1x-0.33, `vllm.utils.
+    is_pin_memory_available()` read in `GPUModelRunner.__init__` before)."""
+    import importlib
+
+    import vllm.utils
+
+    try:
+        torch_utils = importlib.import_module("vllm.utils.torch_utils")
+    except ModuleNotFoundError:
+        torch_utils = None
+    if torch_utils is not None and hasattr(torch_utils, "PIN_MEMORY"):
+        torch_utils.PIN_MEMORY = False
+    for module in (vllm.utils, torch_utils):
+        if module is not None and hasattr(module, "is_pin_memory_available"):
+            module.is_pin_memory_available = lambda: False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="racefuzz.engines.vllm.harness")
+    parser.add_argument("--python-dir", required=True)
+    parser.add_argument("--workload", action="append", default=[], help="a Workload as JSON, repeatable")
+    parser.add_argument("--no-control", action="store_true")
+    parser.add_argument("--traceback", action="store_true")
+    parser.add_argument("--vllm-version", help="the version of a checkout without vllm/_version.py")
+    args = parser.parse_args(argv)
+    out: dict[str, Any] = {"python_dir": args.python_dir}
+    began = time.perf_counter()
+    try:
+        from racefuzz.engines.vllm import stubs
+        from racefuzz.engines.vllm.workload import FIXED, Workload
+
+        workloads = [Workload.from_json(json.loads(text)) for text in args.workload] or [FIXED]
+        out["stubbed"] = stubs.install()
+        out["device"] = "cpu"
+        sys.path.insert(0, args.python_dir)
+        version = _version(args.python_dir)
+        out["version"] = version if version != "unknown" or not args.vllm_version else args.vllm_version
+        import_began = time.perf_counter()
+        no_pinned_memory()
+        import vllm.v1.worker.gpu_model_runner  # noqa: F401
+
+        out["import_seconds"] = round(time.perf_counter() - import_began, 3)
+        out["runs"] = []
+        for workload in workloads:
+            run = run_workload(workload, control=False)
+            run["workload"] = workload.describe()
+            out["runs"].append(run)
+            if not args.no_control:
+                # The control needs the event, which exists only under async scheduling.
+                controlled = replace(workload, async_scheduling=True)
+                run = run_workload(controlled, control=True)
+                run["workload"] = controlled.describe()
+                out["runs"].append(run)
+        from racefuzz.engines.vllm.fake_model import FakeModelConfig, FakeVllmConfig
+
+        out["defaulted_to_none"] = sorted(
+            [f"model_config.{n}" for n in FakeModelConfig.asked] + [f"vllm_config.{n}" for n in FakeVllmConfig.asked]
+        )
+        out["status"] = "ok"
+    except Exception as exc:  # reported as one line by the parent; the traceback with --traceback
+        out["status"] = "error"
+        out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        if args.traceback:
+            out["traceback"] = traceback.format_exc()
+    out["seconds"] = round(time.perf_counter() - began, 3)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    return 0
+
+
+def _version(python_dir: str) -> str:
+    """`vllm/_version.py`'s version (a wheel's, generated at build), else `unknown`."""
+    try:
+        with open(os.path.join(python_dir, "vllm", "_version.py")) as file:
+            text = file.read()
+    except OSError:
+        return "unknown"
+    found = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", text, re.M)
+    return found.group(1) if found else "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""Building vLLM's own `GPUModelRunner` around a fake model, and driving it as vLLM's engine core does.
+
+The runner is made by vLLM's own `GPUModelRunner.__init__` (its `InputBatch`, `MultiGroupBlockTable`,
+the persistent `CpuGpuBuffer`s, the async output copy stream and `prepare_inputs_event` under async
+scheduling), with a fake config (`fake_model.fake_vllm_config`: vLLM's own cache, scheduler, parallel and
+compilation configs, a fake model config). What `initialize_kv_cache` and `load_model` would set is set
+here: the KV-cache config (vLLM's classes, one full-attention group), one fake attention group, the fake
+model. Everything a step runs afterwards is vLLM's code: `execute_model` (`synchronize_input_prep`,
+`_update_states`, `_prepare_inputs` with `commit_block_table`'s non-blocking copy and the other
+`copy_to_gpu`s, `_build_attention_metadata`, `_preprocess`, `_model_forward`), `sample_tokens` (the
+real `Sampler`, `_bookkeeping_sync`, `AsyncGPUModelRunnerOutput`'s D2H copy on its side stream), and
+`get_output`.
+
+Faked: the scheduler (`FakeScheduler`: it builds vLLM's own `SchedulerOutput` / `NewRequestData` /
+`CachedRequestData` from a workload, with its own block allocator instead of vLLM's `KVCacheManager`), the
+model, the attention backend, and the slot-mapping Triton kernel on the CPU (`slot_mapping_kernel`, the
+same arithmetic in torch ops: Triton does not run on the CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from racefuzz.engines.vllm.fake_model import (
+    BLOCK_SIZE,
+    MAX_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    FakeAttentionGroup,
+    fake_model,
+    fake_vllm_config,
+    kv_cache_config,
+)
+from racefuzz.engines.vllm.workload import Request, Workload
+
+
+@dataclass
+class StepRun:
+    """What one run of the loop did."""
+
+    steps: int = 0
+    forwards: int = 0
+    finished: list[str] = field(default_factory=list)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class _Tracked:
+    request: Request
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens whose KV the runner has (or will have once the scheduled step runs)
+    scheduled_outputs: int = 0  # output tokens the scheduled steps produce
+    state: str = "waiting"  # waiting, running, preempted, finished
+
+
+def build(cls: Any, **values: Any) -> Any:
+    """A vLLM dataclass from the fields this version has (others default)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+class FakeScheduler:
+    """A scheduler with vLLM's scheduling outcomes for a workload: decodes first, then whole prefills
+    while the token budget and the blocks allow (no chunking), a request's blocks freed when it finishes
+    or is preempted, a preempted request resumed the next step with fresh blocks and its tokens recomputed
+    (vLLM's recompute preemption). Under async scheduling a step's outputs are known one step late, as in
+    vLLM's `AsyncScheduler`; the fake counts scheduled outputs, so it ends a request after its last step."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.free = list(range(1, workload.num_blocks))  # block 0 is vLLM's null block
+        self.tracked = {r.rid: _Tracked(r) for r in workload.requests}
+        self.order = [r.rid for r in sorted(workload.requests, key=lambda r: r.arrival)]
+        self.step = 0
+        self.known: set[str] = set()  # requests the runner holds (scheduled at least once since their last add)
+        self.pending_finished: set[str] = set()
+
+    def done(self) -> bool:
+        return all(t.state == "finished" for t in self.tracked.values()) or self.step >= self.workload.max_steps
+
+    def _allocate(self, tracked: _Tracked, tokens: int) -> list[int] | None:
+        needed = -(-tokens // BLOCK_SIZE) - len(tracked.blocks)
+        if needed > len(self.free):
+            return None
+        new = [self.free.pop(0) for _ in range(max(0, needed))]
+        tracked.blocks += new
+        return new
+
+    def _release(self, tracked: _Tracked) -> None:
+        self.free = sorted(self.free + tracked.blocks)
+        tracked.blocks = []
+
+    def schedule(self) -> Any:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+        step = self.step
+        self.step += 1
+        finished, self.pending_finished = self.pending_finished, set()
+        preempted: set[str] = set()
+        new_reqs: list[tuple[str, list[int], int, bool]] = []
+        cached: list[tuple[str, list[int] | None, int, bool]] = []
+        num_scheduled: dict[str, int] = {}
+        budget = MAX_BATCHED_TOKENS
+        for rid in self.order:  # decodes of running requests first
+            tracked = self.tracked[rid]
+            if tracked.state != "running":
+                continue
+            if tracked.request.preempt_at == step:
+                tracked.state, tracked.computed = "preempted", 0
+                self._release(tracked)
+                preempted.add(rid)
+                self.known.discard(rid)
+                continue
+            new_blocks = self._allocate(tracked, tracked.computed + 1)
+            if new_blocks is None:
+                continue
+            cached.append((rid, new_blocks or None, tracked.computed, False))
+            num_scheduled[rid] = 1
+            budget -= 1
+        for rid in self.order:  # then (re)prefills, whole
+            tracked = self.tracked[rid]
+            resuming = tracked.state == "preempted" and rid not in preempted
+            if not (tracked.state == "waiting" and tracked.request.arrival <= step) and not resuming:
+                continue
+            tokens = tracked.request.prompt_len + (tracked.scheduled_outputs if resuming else 0)
+            if tokens > budget or len(num_scheduled) >= MAX_NUM_SEQS:
+                continue
+            if self._allocate(tracked, tokens) is None:
+                continue
+            if resuming:
+                cached.append((rid, list(tracked.blocks), 0, True))
+            else:
+                new_reqs.append((rid, list(tracked.blocks), 0, False))
+            num_scheduled[rid] = tokens
+            budget -= tokens
+            tracked.state = "running"
+        for rid, tokens in num_scheduled.items():
+            tracked = self.tracked[rid]
+            tracked.computed += tokens
+            tracked.scheduled_outputs += 1
+            if tracked.scheduled_outputs >= tracked.request.output_len:
+                tracked.state = "finished"
+                self._release(tracked)
+                self.pending_finished.add(rid)
+            self.known.add(rid)
+        greedy = SamplingParams(temperature=0.0, max_tokens=64)
+        sampled = SamplingParams(temperature=1.0, max_tokens=64)
+        scheduled_new = [
+            build(
+                NewRequestData,
+                req_id=rid,
+                prompt_token_ids=_prompt(self.tracked[rid].request),
+                mm_features=[],
+                mm_inputs=[],
+                mm_kwargs=[],
+                mm_hashes=[],
+                mm_positions=[],
+                sampling_params=sampled if self.tracked[rid].request.random else greedy,
+                pooling_params=None,
+                block_ids=(blocks,),
+                num_computed_tokens=computed,
+                lora_request=None,
+            )
+            for rid, blocks, computed, _ in new_reqs
+        ]
+        cached_data = build(
+            CachedRequestData,
+            req_ids=[c[0] for c in cached],
+            resumed_req_ids={c[0] for c in cached if c[3]},
+            resumed_from_preemption=[c[3] for c in cached],
+            new_token_ids=[[] for _ in cached],
+            all_token_ids={c[0]: _all_tokens(self.tracked[c[0]]) for c in cached if c[3]},
+            new_block_ids=[(c[1],) if c[1] else None for c in cached],
+            num_computed_tokens=[c[2] for c in cached],
+            num_output_tokens=[max(0, self.tracked[c[0]].scheduled_outputs - 1) for c in cached],
+        )
+        return build(
+            SchedulerOutput,
+            scheduled_new_reqs=scheduled_new,
+            scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0],
+            finished_req_ids=finished,
+            free_encoder_mm_hashes=[],
+            free_encoder_input_ids=[],
+            structured_output_request_ids={},
+            grammar_bitmask=None,
+            preempted_req_ids=preempted,
+            kv_connector_metadata=None,
+        )
+
+
+def _all_tokens(tracked: _Tracked) -> list[int]:
+    """A resumed request's tokens: its prompt, then a stand-in for each output so far (the fake model's
+    values do not matter to the schedule)."""
+    return _prompt(tracked.request) + [1] * (tracked.scheduled_outputs - 1)
+
+
+def _prompt(request: Request) -> list[int]:
+    return [(7 * i + len(request.rid)) % 100 + 1 for i in range(request.prompt_len)]
+
+
+class _NoSyncEvent:
+    """The negative control: `prepare_inputs_event` whose `synchronize` does nothing (its `record` is
+    the real one), so the host rewrites the persistent pinned buffers while the previous step's
+    non-blocking copies may still read them."""
+
+    def __init__(self, event: Any) -> None:
+        self._event = event
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        self._event.record(*args, **kwargs)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class SlotMappingKernel:
+    """`block_table.ComputeSlotMappingKernel` restated in torch ops for the CPU (Triton does not run there):
+    the same arguments, the same arithmetic for one context-parallel rank (`slot = block_table[req,
+    pos // block_size] * block_size + pos % block_size`, the tail up to `max_num_tokens` PAD_SLOT_ID), the
+    same reads (the block-table entries the positions select, through an exact gather) and writes."""
+
+    def register_warmup(self, **kwargs: Any) -> None:
+        pass
+
+    def __call__(
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        max_num_tokens: int,
+        query_start_loc: Any,
+        positions: Any,
+        block_table: Any,
+        block_table_stride: int,
+        slot_mapping: Any,
+        block_size: int,
+        *context_parallel: int,
+    ) -> None:
+        import torch
+
+        tokens = torch.arange(num_tokens, device=positions.device)
+        request_of = torch.searchsorted(query_start_loc[1 : num_reqs + 1], tokens, right=True)
+        position = positions[:num_tokens]
+        blocks = block_table[request_of, position // block_size]
+        slot_mapping[:num_tokens] = blocks.long() * block_size + position % block_size
+        slot_mapping[num_tokens:max_num_tokens].fill_(-1)
+
+
+def watch_pinned_numpy_writes() -> None:
+    """Every `CpuGpuBuffer` made from here on gets a `HostArray` as its `np` (`host_memory.py`): the host's
+    NumPy writes to the pinned half become recorded host accesses (CPU runs; on a GPU too they dispatch no
+    op). The modules that imported the class by name share it, so the patch of its `__init__` reaches them."""
+    from vllm.v1 import utils
+
+    from racefuzz.engines.vllm import host_memory
+
+    cls = utils.CpuGpuBuffer
+    if getattr(cls, "_racefuzz_watched", False):
+        return
+    original = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if hasattr(self, "np"):
+            self.np = host_memory.wrap(self.np, self.cpu)
+
+    cls.__init__ = __init__
+    cls._racefuzz_watched = True
+
+
+def watch_input_batch_numpy_writes(input_batch: Any) -> None:
+    """The input batch's NumPy views of its CPU tensors (`token_ids_cpu` of `token_ids_cpu_tensor`,
+    `temperature_cpu`, `num_computed_tokens_cpu`, ...; `gpu_input_batch.py: InputBatch.__init__`) as
+    `HostArray`s, so the host's writes through them are recorded (`host_memory.py`)."""
+    import numpy as np
+
+    from racefuzz.engines.vllm import host_memory
+
+    for name, value in list(vars(input_batch).items()):
+        tensor = getattr(input_batch, f"{name}_tensor", None)
+        if name.endswith("_cpu") and isinstance(value, np.ndarray) and tensor is not None:
+            setattr(input_batch, name, host_memory.wrap(value, tensor))
+
+
+class _SingleRankGroup:
+    """A `GroupCoordinator` of one rank (no process group: the harness runs one rank, world size 1)."""
+
+    world_size = 1
+    rank = 0
+    rank_in_group = 0
+    local_rank = 0
+    ranks = (0,)
+    is_first_rank = True
+    is_last_rank = True
+    device_group = cpu_group = None
+
+    def all_reduce(self, tensor: Any) -> Any:
+        return tensor
+
+    def all_gather(self, tensor: Any, dim: int = -1) -> Any:
+        return tensor
+
+    def broadcast_tensor_dict(self, tensor_dict: Any = None, src: int = 0) -> Any:
+        return tensor_dict
+
+
+def single_process_groups() -> None:
+    """vLLM's parallel-state groups, each one rank (what `init_distributed_environment` would make for
+    world size 1, without a process group)."""
+    from vllm.distributed import parallel_state
+
+    group = _SingleRankGroup()
+    for name in ("_WORLD", "_TP", "_ETP", "_DCP", "_PP", "_DP", "_EP", "_EPLB", "_PCP"):
+        if hasattr(parallel_state, name):
+            setattr(parallel_state, name, group)
+
+
+def build_runner(workload: Workload, device: Any, control: bool) -> Any:
+    """vLLM's `GPUModelRunner` made by its own `__init__`, with the KV cache, attention group and model
+    that `initialize_kv_cache` / `load_model` would set faked. `control` makes `prepare_inputs_event`'s
+    synchronize a no-op (needs async scheduling: the event exists only then)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    single_process_groups()
+    if device.type == "cpu":
+        watch_pinned_numpy_writes()
+    if device.type == "cpu":
+        from vllm.v1.worker import block_table
+
+        block_table._COMPUTE_SLOT_MAPPING_KERNEL = SlotMappingKernel()
+
+    class HarnessRunner(GPUModelRunner):  # type: ignore[misc, valid-type]
+        def _init_device_properties(self) -> None:  # torch.cuda.get_device_properties: no GPU on the CPU
+            self.device_properties = SimpleNamespace(multi_processor_count=1, name="racefuzz-cpu")
+            self.num_sms = 1
+
+    runner = HarnessRunner(fake_vllm_config(workload.async_scheduling), device)
+    runner.kv_cache_config = kv_cache_config(workload.num_blocks)
+    runner.attn_groups = [[FakeAttentionGroup()]]
+    runner.model = fake_model(workload.num_blocks, device)
+    if device.type == "cpu":
+        watch_input_batch_numpy_writes(runner.input_batch)
+    if control:
+        if runner.prepare_inputs_event is None:
+            raise ValueError("the control needs async scheduling (prepare_inputs_event exists only then)")
+        runner.prepare_inputs_event = _NoSyncEvent(runner.prepare_inputs_event)
+    return runner
+
+
+def run_loop(runner: Any, workload: Workload) -> StepRun:
+    """vLLM's engine-core loop over the runner: with async scheduling a batch queue of depth 2
+    (`EngineCore.step_with_batch_queue`: schedule and launch step N+1 before taking step N's output),
+    else `EngineCore.step` (execute, sample, take the output)."""
+    scheduler = FakeScheduler(workload)
+    run = StepRun()
+    in_flight: deque[Any] = deque()
+    while not scheduler.done() or in_flight:
+        if not scheduler.done():
+            output = scheduler.schedule()
+            run.steps += 1
+            if output.total_num_scheduled_tokens == 0 and not output.finished_req_ids:
+                if in_flight:
+                    _take(in_flight.popleft(), run)
+                continue
+            result = runner.execute_model(output)
+            if result is None:  # 0.11 on: sampling is a second call (`sample_tokens`); before, one
+                result = runner.sample_tokens(None)
+            in_flight.append(result)
+            if workload.async_scheduling and len(in_flight) < 2 and not scheduler.done():
+                continue
+        _take(in_flight.popleft(), run)
+    run.forwards = runner.model.forwards
+    return run
+
+
+def _take(output: Any, run: StepRun) -> None:
+    result = output.get_output() if hasattr(output, "get_output") else output
+    for rid, tokens in zip(result.req_ids or [], result.sampled_token_ids or [], strict=False):
+        run.outputs.setdefault(rid, []).extend(int(t) for t in tokens)
