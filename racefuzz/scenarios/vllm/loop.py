@@ -15,9 +15,11 @@ One engine step k (docs/vllm-kv-model.md gives every citation; paths are under `
    writes the new block ids into the pinned block table (`BlockTable.add_row` / `append_row` on
    `block_table.np`, v1/worker/block_table.py); `commit_block_table` copies its rows to the GPU
    non-blocking (`CpuGpuBuffer.copy_to_gpu`, v1/utils.py); `compute_slot_mapping` turns block-table rows
-   into slots; `input_prep_exit` (where `prepare_inputs_event.record()` sits); the forward:
-   `reshape_and_cache_flash` writes each scheduled token's KV into its slot, attention reads the request's
-   KV through the block table; the sampler writes the sampled ids; `step_end`; then (after the forward
+   into slots; `input_prep_exit` (where `prepare_inputs_event.record()` sits); the forward (the
+   FlashAttention backend, v1/attention/backends/flash_attn.py): `FlashAttentionImpl.do_kv_cache_update`'s
+   `reshape_and_cache_flash` writes each scheduled token's KV into its slot, `FlashAttentionImpl.forward`'s
+   `flash_attn_varlen_func` reads the request's KV through the block table; the sampler writes the sampled
+   ids; `step_end`; then (after the forward
    launch: `_get_kv_connector_output`, v1/worker/kv_connector_model_runner_mixin.py) `start_load_kv` writes
    the loaded requests' blocks -- NIXL (`NixlConnectorWorker.start_load_kv` -> `_read_blocks_for_req`,
    distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py): a NIC read into the blocks that no CUDA
@@ -390,7 +392,7 @@ class EngineLoop:
         used = [cells for r in batch if r not in over for cells in self._cells(r, 0, r.computed)]
         unused = [cells for r in over for cells in self._cells(r, 0, r.computed)]
         c.launch(
-            "unified_attention",
+            "flash_attn_varlen_func",
             reads=rows + used,
             unused_reads=unused,
             cost_us=w.forward_cost_us,
