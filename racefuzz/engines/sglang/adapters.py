@@ -210,10 +210,11 @@ class Adapter:
 
         * `dflash_worker_v2.TpModelWorker` (the draft worker `DFlashWorkerV2.__init__` builds: it loads the
           draft model) is `fake_model.FakeDraftWorker` over the target fake;
-        * on the CPU, `dflash_worker_v2.compute_position` (the prefill's draft-KV positions) is a device-only
-          equivalent: sglang's torch path (`compute_position_torch`, taken for `torch_native`) reads every
-          length back to the host, a sync of the forward stream that the Triton path a GPU backend takes
-          does not make, and that would order the prefill forward's reads before everything after it;
+        * `dflash_worker_v2.compute_position` (the prefill's draft-KV positions) is a device-only
+          equivalent: sglang's torch path (`compute_position_torch`, taken for the harness's
+          `torch_native` backend) reads every length back to the host, a sync of the forward stream that
+          the Triton path of FlashInfer or FA3 does not make, and that would order the prefill forward's
+          reads before everything after it;
         * the plan stream: `SGLANG_ENABLE_OVERLAP_PLAN_STREAM` as `plan_stream` says, and sglang's own cache
           of it (`dflash_info_v2._OVERLAP_PLAN_STREAMS`, module-global) holds this run's stream, named
           `plan_stream` (the cache would otherwise keep an earlier run's);
@@ -243,8 +244,7 @@ class Adapter:
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(mock.patch.object(worker_module, "TpModelWorker", draft_worker))
-                if not getattr(env, "on_gpu", False):
-                    stack.enter_context(mock.patch.object(worker_module, "compute_position", device_positions))
+                stack.enter_context(mock.patch.object(worker_module, "compute_position", device_positions))
                 if not fence:
                     stack.enter_context(
                         mock.patch.object(info_module.DFlashDraftInputV2, "prepare_for_decode", prepare_without_fence)

@@ -208,6 +208,26 @@ def build_and_run(
 SYNC_CALLS = frozenset({"synchronize", "wait_event", "wait_stream", "wait", "query"})
 """The stream and event methods whose calls from sglang's code `profile_functions` counts, by call site."""
 _SYNC_FILES = (os.path.join("racefuzz", "trace", "env.py"), os.path.join("torch", "cuda", "streams.py"))
+_GPU_WRAPPERS = {
+    "event_wait": "wait",
+    "event_sync": "synchronize",
+    "event_done": "query",
+    "stream_sync": "synchronize",
+    "stream_done": "query",
+    "pooled_wait_stream": "wait_stream",
+}
+"""On a GPU the recorder replaces torch.cuda's methods with these (`racefuzz/trace/capture.py`): a call
+of one from sglang's code is a call of the method it stands for."""
+_CAPTURE_FILE = os.path.join("racefuzz", "trace", "capture.py")
+
+
+def _sync_method(code: Any) -> str | None:
+    """The stream/event method `code` is (see `SYNC_CALLS`), or None."""
+    if code.co_name in SYNC_CALLS and code.co_filename.endswith(_SYNC_FILES):
+        return code.co_name
+    if code.co_filename.endswith(_CAPTURE_FILE):
+        return _GPU_WRAPPERS.get(code.co_name)
+    return None
 
 
 def profile_functions(
@@ -237,11 +257,12 @@ def profile_functions(
             return
         code = frame.f_code
         filename = code.co_filename
-        if syncs is not None and code.co_name in SYNC_CALLS and filename.endswith(_SYNC_FILES):
+        method = _sync_method(code) if syncs is not None else None
+        if method is not None:
             caller = frame.f_back
-            if caller is not None and caller.f_code.co_filename.startswith(prefix):
+            if syncs is not None and caller is not None and caller.f_code.co_filename.startswith(prefix):
                 where = f"{caller.f_code.co_filename[cut:]}:{caller.f_lineno} ({caller.f_code.co_name})"
-                site = f"{code.co_name} at {where}"
+                site = f"{method} at {where}"
                 syncs[site] = syncs.get(site, 0) + 1
             return
         if not filename.startswith(prefix):
