@@ -63,6 +63,10 @@ SKIP_FINISHING_DECODE_FROM = (0, 5, 22)
 """From this version the overlap loop leaves a request whose in-flight result finishes it out of the next
 decode batch (`Workload.skip_finishing_decode`; 0.5.22 scheduler.py:1977)."""
 
+FILTER_EACH_STEP_FROM = (0, 5, 23)
+"""From this version the running batch drops its finished requests at every step, before the prefill
+(`Workload.filter_finished_each_step`)."""
+
 CONTROL_DESIGN = "none"
 """The model design of the harness's control (`SGLANG_ENABLE_WAR_BARRIER=0`: `_apply_war_barrier` returns
 at once)."""
@@ -128,9 +132,10 @@ def to_model_workload(workload: HarnessWorkload, version: str) -> ModelWorkload:
     re-cached after its prefill (`rewrite_at=(0,)` when it decodes), as sglang's
     `maybe_cache_unfinished_req` does. The rest is the model's simplest: no plan stream, page size 1, exact
     reads (the fake forward reads each row's `0:seq_len`), no replay reads, SWA table or mixed chunks.
-    Three model options follow sglang's code: its admission (`Workload.sglang_admission`, every version),
+    Four model options follow sglang's code: its admission (`Workload.sglang_admission`, every version),
     from 0.5.18 its row order (`Workload.lifo_rows`), from 0.5.22 no decode over-scheduled with a finished
-    request (`Workload.skip_finishing_decode`). A speculative workload is refused (`InvalidArgument`)."""
+    request (`Workload.skip_finishing_decode`), from 0.5.23 finished requests filtered at every step
+    (`Workload.filter_finished_each_step`). A speculative workload is refused (`InvalidArgument`)."""
     spec = getattr(workload, "spec", "none")
     if spec != "none":
         raise InvalidArgument(f"no model mapping for a harness workload with spec {spec!r} (non-speculative only)")
@@ -152,6 +157,7 @@ def to_model_workload(workload: HarnessWorkload, version: str) -> ModelWorkload:
         sglang_admission=True,
         lifo_rows=version_key(version) >= LIFO_ROWS_FROM,
         skip_finishing_decode=version_key(version) >= SKIP_FINISHING_DECODE_FROM,
+        filter_finished_each_step=version_key(version) >= FILTER_EACH_STEP_FROM,
     )
 
 

@@ -285,6 +285,14 @@ class OverlapLoop:
             self.device.host_delay(w.host_work_us)  # recv_requests / process_input_requests
         hooks.call("loop_top", ctx)
 
+        if w.sglang_admission and w.filter_finished_each_step:
+            # get_next_batch_to_run filters the running batch every step (0.5.23 scheduler.py:3963-3967), and an
+            # empty running batch clears the latch (:4093-4096).
+            if self.unfiltered:
+                self.unfiltered.clear()
+                self.batch_is_full = False
+            if not any(r.prefilled and not r.filtered for r in self.live):
+                self.batch_is_full = False
         requests = self.prefill_batch() or self.decode_batch()
         if requests and w.launch_prep_us:
             self.device.host_delay(w.launch_prep_us)  # run_batch: ForwardBatch construction before the launch

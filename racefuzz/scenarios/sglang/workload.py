@@ -81,7 +81,7 @@ class RequestSpec:
     swa_recovery: bool = False
 
 
-WRITTEN_WHEN_ON = ("sglang_admission", "lifo_rows", "skip_finishing_decode")
+WRITTEN_WHEN_ON = ("sglang_admission", "lifo_rows", "skip_finishing_decode", "filter_finished_each_step")
 """The fields `Workload.to_json` writes only when they are on: the replay files written before they existed
 (which state every field then known) read back as themselves."""
 
@@ -154,6 +154,11 @@ class Workload:
             `_reqs_finishing_inflight`, :4444-4465): no forward is over-scheduled with a finished request.
             Exact for accept length 1 (the host's `len(output_ids) + 1 >= max_new_tokens`). Off (the
             default): the finished request is still in the next forward, as through 0.5.21.
+        filter_finished_each_step: with `sglang_admission`, drop the finished requests from the running
+            batch at every step, before the prefill is tried (resetting `batch_is_full` when it shrinks),
+            and clear the latch while the running batch is empty, as sglang 0.5.23's
+            `get_next_batch_to_run` (scheduler.py:3963-3967) and `_get_new_batch_prefill_raw` (:4093-4096)
+            do. Off (the default): only `update_running_batch` filters them, as through 0.5.22.
     """
 
     requests: tuple[RequestSpec, ...] = field(default_factory=lambda: (RequestSpec(),))
@@ -175,6 +180,7 @@ class Workload:
     sglang_admission: bool = False
     lifo_rows: bool = False
     skip_finishing_decode: bool = False
+    filter_finished_each_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("iterations", "block_size", "rows", "page_size"):
