@@ -36,7 +36,12 @@ def simpler_workloads(w: Workload) -> Iterator[Workload]:
         yield from _valid(w, steps=steps)
     if len(w.requests) > 1:
         for i in range(len(w.requests)):
-            yield from _valid(w, requests=w.requests[:i] + w.requests[i + 1 :])
+            rest = w.requests[:i] + w.requests[i + 1 :]
+            # The pool shrunk by the removed request's blocks first: as tight for the rest as it was for all.
+            tight = max(max(w.blocks_needed(r) for r in rest), w.num_blocks - w.blocks_needed(w.requests[i]))
+            if tight < w.num_blocks:
+                yield from _valid(w, requests=rest, num_blocks=tight)
+            yield from _valid(w, requests=rest)
     if w.async_scheduling:
         yield from _valid(w, async_scheduling=False)
     if w.num_blocks > 1:

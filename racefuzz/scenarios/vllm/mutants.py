@@ -13,7 +13,6 @@ Load one like a built-in: `racefuzz run --scenario vllm-kv-reuse --design mutant
 from __future__ import annotations
 
 from racefuzz.scenarios.vllm.designs.deferred_free import DeferredFree
-from racefuzz.scenarios.vllm.designs.immediate_free import ImmediateFree
 from racefuzz.scenarios.vllm.designs.step_event import StepEvent
 from racefuzz.scenarios.vllm.strategies import HAZARDS
 
@@ -101,14 +100,14 @@ class StepEventBeforeForward(StepEvent):
         """Recorded before the forward instead."""
 
 
-class TransferNoWaitCompute(ImmediateFree):
+class TransferNoWaitCompute(DeferredFree):
     name = "mutant-transfer-no-wait-compute"
     description = (
-        "The offloading connector's `transfer_async` without `stream.wait_stream(current_stream())`: a load into "
-        "reallocated blocks races the in-flight step's KV write (#45357 on a CUDA stream), and a store reads KV "
-        "the compute stream has not written yet."
+        "The offloading connector's `transfer_async` without `stream.wait_stream(current_stream())` (\"Stores must "
+        "wait for the model to finish writing the KV they read\"): a finished request's store reads its blocks "
+        "before the compute stream's last KV writes to them landed (RAW on the block pool)."
     )
-    base = "immediate-free"
+    base = "deferred-free"
     hazards = OFFLOAD
     equivalent = None
 
@@ -116,14 +115,14 @@ class TransferNoWaitCompute(ImmediateFree):
         """The missing wait on the compute stream."""
 
 
-class StoreNoFlush(ImmediateFree):
+class StoreNoFlush(DeferredFree):
     name = "mutant-store-no-flush"
     description = (
         "The offloading connector ignores `jobs_to_flush`: a finished request's store still reads its blocks on "
         "the transfer stream when the scheduler hands them to a new request, whose prefill writes them on the "
         "compute stream (WAR on the block pool)."
     )
-    base = "immediate-free"
+    base = "deferred-free"
     hazards = OFFLOAD
     equivalent = None
 

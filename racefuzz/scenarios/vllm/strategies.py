@@ -3,7 +3,8 @@
 As in the sglang scenario, one byte string per workload: every field is `minimum + byte % range`, a flag is
 `byte % 2`, so shrinking the bytes toward zero and the string toward empty moves every field toward its
 simplest value, and a bounded proof over bytes below 2 (`racefuzz prove --alphabet 2`) already reaches every
-flag: a 4-byte header (async scheduling, pool slack, block size, steps), then 5 bytes a request
+flag: a 4-byte header (async scheduling, pool slack, block size, steps; under the `offload` hazard a fifth
+byte, the connector), then 5 bytes a request
 (arrival, remote, eos, output length, prompt), the last one possibly cut short (its missing bytes read as
 0), so that 11 bytes already hold two requests whose second is a remote one arriving later. A request
 arrives 0 to 2 steps after the one before it, and a byte of 0 means the most steps (`max_steps - byte %
@@ -19,9 +20,11 @@ The hazards (`hazards` restricts which a workload may contain, so a result can b
 
 and one opt-in hazard, outside `HAZARDS`:
 
-    offload           the KV connector is the CPU offloading connector (its own CUDA stream, which waits on the
-                      compute stream before each transfer) instead of NIXL, and it also stores finished
-                      requests' blocks to the CPU, reading them on that stream
+    offload           a workload's KV connector may be the CPU offloading connector (its own CUDA stream, which
+                      waits on the compute stream before each transfer) instead of NIXL; it also stores
+                      finished requests' blocks to the CPU, reading them on that stream. A header byte of its
+                      own picks the connector, so NIXL workloads stay in the mix (where the negative
+                      control races)
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ MAX_PROMPT = 4
 MAX_OUTPUT = 3
 MAX_STEPS = 8
 
-_HEADER = 4  # async scheduling, pool slack, block size, steps
+_HEADER = 4  # async scheduling, pool slack, block size, steps (and the connector under `offload`)
 _REQUEST = 5  # arrival, remote, eos, output length, prompt
 
 
@@ -50,11 +53,12 @@ def decode_workload(
     data: bytes, *, hazards: frozenset[str], max_steps: int = MAX_STEPS, fixed_steps: bool = False
 ) -> Workload:
     """The workload a byte string stands for (see the module docstring)."""
-    data = data.ljust(_HEADER, b"\0")
+    header = _HEADER + ("offload" in hazards)
+    data = data.ljust(header, b"\0")
     block_size = 1 + data[2] % MAX_BLOCK_SIZE
     requests = []
     arrives = 0
-    for at in range(_HEADER, len(data), _REQUEST):
+    for at in range(header, len(data), _REQUEST):
         arrival, remote, eos, output, prompt = data[at : at + _REQUEST].ljust(_REQUEST, b"\0")
         arrives = min(arrives + arrival % 3, max_steps - 1)
         requests.append(
@@ -79,7 +83,7 @@ def decode_workload(
         block_size=block_size,
         num_blocks=num_blocks,
         async_scheduling="async-scheduling" in hazards and bool(data[0] % 2),
-        connector="offloading" if "offload" in hazards else "nixl",
+        connector="offloading" if "offload" in hazards and data[4] % 2 else "nixl",
     )
 
 
@@ -87,7 +91,7 @@ def workload_bytes(max_requests: int = 6) -> st.SearchStrategy[bytes]:
     """The raw bytes `decode_workload` decodes."""
     from hypothesis import strategies as st
 
-    return st.binary(min_size=_HEADER + 1, max_size=_HEADER + _REQUEST * max_requests)
+    return st.binary(min_size=_HEADER + 2, max_size=_HEADER + 1 + _REQUEST * max_requests)
 
 
 class VllmWorkloads:
