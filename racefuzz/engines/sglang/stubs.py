@@ -273,7 +273,8 @@ takes. Any other kernel still refuses (`StubCalled`)."""
 
 def register_annotations() -> None:
     """The read and write sets of `CPU_EQUIVALENTS`' kernels (the same names on a GPU, where the recorder
-    sees sglang's real Triton launches): the rows each touches, exactly."""
+    sees sglang's real Triton launches): the rows each touches, exactly; and of DFLASH's accept/bonus
+    kernel (0.5.14 `triton_ops/dflash_accept_bonus.py`, 0.5.15 `triton_ops/dflash.py`, the same names)."""
     from racefuzz.trace.annotations import WHOLE, annotate, rows
 
     annotate(
@@ -291,6 +292,19 @@ def register_annotations() -> None:
             "req_pool_indices_ptr": WHOLE,
         },
         writes={"block_ids_out_ptr": WHOLE, "positions_out_ptr": WHOLE, "cache_loc_out_ptr": WHOLE},
+    )
+    # Launched for real on a GPU only (the CPU takes sglang's eager accept path): without its sets the
+    # recorder would take `prefix_lens_ptr` (the batch's seq_lens) as written too.
+    annotate(
+        "_dflash_accept_bonus_contig_kernel",
+        reads={"candidates_ptr": WHOLE, "target_top1_ptr": WHOLE, "prefix_lens_ptr": WHOLE},
+        writes={
+            "accept_lens_out_ptr": WHOLE,
+            "commit_lens_out_ptr": WHOLE,
+            "bonus_ids_out_ptr": WHOLE,
+            "out_tokens_ptr": WHOLE,
+            "new_seq_lens_out_ptr": WHOLE,
+        },
     )
 
 
