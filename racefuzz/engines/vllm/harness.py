@@ -51,8 +51,9 @@ def run_workload(workload: Any, control: bool) -> dict[str, Any]:
     holder: dict[str, Any] = {}
 
     def step(env: Any) -> None:
-        with HostTensors().recorded():
+        with HostTensors().recorded(), vllm_runner.device_generic_events():
             runner = vllm_runner.build_runner(workload, torch.device("cpu", 0), control)
+            vllm_runner.name_buffers(env, runner)
             # The engine's init ends with the device idle (profiling and warmup synchronize it).
             env.synchronize()
             holder["run"] = vllm_runner.run_loop(runner, workload)

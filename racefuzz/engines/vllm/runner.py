@@ -19,8 +19,10 @@ same arithmetic in torch ops: Triton does not run on the CPU).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -353,6 +355,40 @@ def build_runner(workload: Workload, device: Any, control: bool) -> Any:
             raise ValueError("the control needs async scheduling (prepare_inputs_event exists only then)")
         runner.prepare_inputs_event = _NoSyncEvent(runner.prepare_inputs_event)
     return runner
+
+
+@contextlib.contextmanager
+def device_generic_events() -> Iterator[None]:
+    """`torch.Event()` as `torch.cuda.Event()` for the block: vLLM makes some of its events device-generic
+    (0.33's `transfer_event`, `draft_token_ids_event`), and a CPU recording resolves `torch.cuda.Event` to a
+    virtual event but not `torch.Event` (docs/trace.md), whose CPU backend has no events at all."""
+    import torch
+
+    generic = torch.Event
+    torch.Event = torch.cuda.Event  # type: ignore[misc, assignment]
+    try:
+        yield
+    finally:
+        torch.Event = generic  # type: ignore[misc]
+
+
+def name_buffers(env: Any, runner: Any) -> None:
+    """Name the runner's, its input batch's and its block tables' tensors after their attributes in
+    reports (`query_start_loc.cpu`, `input_batch.temperature_cpu_tensor`, `block_table[0].block_table.cpu`)."""
+    import torch
+    from vllm.v1.utils import CpuGpuBuffer
+
+    batch = runner.input_batch
+    owners: list[tuple[str, Any]] = [("", runner), ("input_batch.", batch)]
+    for index, table in enumerate(getattr(batch.block_table, "block_tables", [])):
+        owners.append((f"block_table[{index}].", table))
+    for prefix, owner in owners:
+        for name, value in vars(owner).items():
+            if isinstance(value, CpuGpuBuffer):
+                env.name(value.cpu, f"{prefix}{name}.cpu")
+                env.name(value.gpu, f"{prefix}{name}.gpu")
+            elif isinstance(value, torch.Tensor) and value.numel():
+                env.name(value, f"{prefix}{name}")
 
 
 def run_loop(runner: Any, workload: Workload) -> StepRun:

@@ -1,0 +1,200 @@
+"""The vLLM harness (`racefuzz.engines.vllm`): its host-memory model on a step of its own (no vLLM
+needed), its sources and CLI, and vLLM's own `GPUModelRunner` on 0.33.0 (the version CPU CI fetches:
+`ci/cpu.sh`) and, where fetched, on 0.10.2 / 0.11.0 (the versions either side of vLLM #25279).
+
+The runner tests need the versions' sources in the cache (`racefuzz vllm fetch --version 0.33.0`); without
+them they skip, saying so. Each version runs in its own subprocess, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from racefuzz.engines.vllm import sources
+from racefuzz.exitcodes import ExitCode
+
+torch = pytest.importorskip("torch")
+
+
+def _sources_or_skip(version: str) -> Path:
+    try:
+        return sources.locate(version=version)
+    except sources.SourcesUnavailable as exc:
+        pytest.skip(f"vLLM {version}'s sources are not here: {exc}")
+
+
+def _harness_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> dict:
+    """One harness run of `version` on the fixed workload (the event as the version has it, and the
+    control), computed once per session (shared by xdist workers through a file under a lock)."""
+    from filelock import FileLock
+
+    from racefuzz.commands.vllm import run_harness
+    from racefuzz.engines.vllm.workload import FIXED
+
+    path = _sources_or_skip(version)
+    cache = tmp_path_factory.getbasetemp().parent / f"vllm-harness-{version}.json"
+    with FileLock(f"{cache}.lock"):
+        if cache.is_file():
+            return json.loads(cache.read_text())
+        result = run_harness(path, [FIXED.to_json()], True, version, 600)
+        cache.write_text(json.dumps(result))
+        return result
+
+
+# The host-memory model, on a step of its own: a persistent buffer's host half written through its NumPy
+# view after a non-blocking copy to the device half, with and without the host waiting for the copy.
+
+
+def _buffer_step(sync: str) -> object:
+    import numpy as np
+
+    from racefuzz.engines.vllm import host_memory
+
+    def step(env: object) -> None:
+        with host_memory.HostTensors().recorded():
+            host = torch.zeros(8, dtype=torch.int32, device="cpu")
+            device = torch.zeros(8, dtype=torch.int32, device=torch.device("cpu", 0))
+            view = host_memory.wrap(host.numpy(), host)
+            event = torch.cuda.Event()
+            env.synchronize()
+            view[0:4] = np.arange(4)  # step 1's host write
+            device.copy_(host, non_blocking=True)  # its copy to the device, still reading when the host goes on
+            event.record()
+            if sync == "event":
+                event.synchronize()
+            elif sync == "tolist":
+                device.tolist()  # a device read-back: the host waits for the stream
+            view[2:6] = 7  # step 2's host write of bytes the copy reads
+
+    return step
+
+
+@pytest.mark.parametrize(("sync", "racy"), [("none", True), ("event", False), ("tolist", False)])
+def test_a_host_write_after_an_unwaited_copy_races(sync: str, racy: bool) -> None:
+    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.search import run_once
+
+    races = find_trace_races(run_once(_buffer_step(sync), "cpu").trace)
+    assert bool(races) is racy
+    if racy:
+        kinds = {(race.race.kind, race.first.stream, race.second.stream) for race in races}
+        assert ("WAR", "default", "host") in kinds
+
+
+def test_host_ops_on_host_tensors_are_host_accesses_and_device_ops_launches() -> None:
+    from racefuzz.engines.vllm import host_memory
+    from racefuzz.trace.search import run_once
+
+    def step(env: object) -> None:
+        with host_memory.HostTensors().recorded():
+            host = torch.zeros(4, device="cpu")
+            device = torch.zeros(4, device=torch.device("cpu", 0))
+            host.add_(1)  # the host's own op on host memory
+            device.add_(1)  # a device op
+            device.copy_(host, non_blocking=True)  # a copy to the device
+            back = device.to("cpu", non_blocking=True)  # a copy to the host: a new host tensor
+            back.tolist()  # the host's read of it
+
+    ops = [op for op in run_once(step, "cpu").trace.ops if type(op).__name__ == "TraceLaunch"]
+    by_kernel = {}
+    for op in ops:
+        by_kernel.setdefault(op.kernel, set()).add(op.stream)
+    assert by_kernel["aten.add_.Tensor (host)"] == {"host"}
+    assert by_kernel["aten.add_.Tensor"] == {"default"}
+    assert by_kernel["aten.copy_.default"] == {"default"}
+    assert by_kernel["aten._to_copy.default"] == {"default"}
+    assert by_kernel["Tensor.tolist (host read)"] == {"host"}
+    assert "Tensor.tolist (device-to-host copy)" not in by_kernel  # no read-back with a sync
+
+
+def test_an_index_array_write_records_the_bounding_range() -> None:
+    from racefuzz.engines.vllm import host_memory
+    from racefuzz.trace.search import run_once
+
+    def step(env: object) -> None:
+        with host_memory.HostTensors().recorded():
+            host = torch.zeros(3, 4, dtype=torch.int32, device="cpu")
+            view = host_memory.wrap(host.numpy(), host)
+            view[[2, 0]] = view[[0, 2]]  # `BlockTable.swap_row`'s shape
+
+    writes = [op for op in run_once(step, "cpu").trace.ops if getattr(op, "kernel", "") == host_memory.HOST_WRITE]
+    assert len(writes) == 1
+    (access,) = writes[0].writes
+    assert access.intervals == ((0, 48),)  # rows 0 to 2, 4 int32 each: the bounding range of rows 0 and 2
+
+
+# Sources and the CLI.
+
+
+def test_a_version_that_is_not_one_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "vllm", "--version", "latest"], capture_output=True, text=True
+    )
+    assert done.returncode == ExitCode.USAGE
+    assert "not a vLLM version" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_missing_sources_are_one_line_naming_the_fetch(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "vllm", "--version", "0.0.1"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "RACEFUZZ_VLLM_CACHE": str(tmp_path)},
+    )
+    assert done.returncode == ExitCode.USAGE
+    assert "racefuzz vllm fetch --version 0.0.1" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_directory_that_is_no_vllm_tree_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(sources.SourcesUnavailable, match="not a vLLM source tree"):
+        sources.locate(source=tmp_path)
+
+
+# vLLM's own runner.
+
+
+def _races(result: dict, control: bool) -> list[dict]:
+    assert result["status"] == "ok", result.get("error")
+    return [race for run in result["runs"] if run["control"] is control for race in run["races"]]
+
+
+def test_0_33_0_is_clean_beside_a_caught_control(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from racefuzz.commands.vllm import version_verdict
+
+    result = _harness_result(tmp_path_factory, "0.33.0")
+    assert _races(result, control=False) == []
+    caught = _races(result, control=True)
+    assert caught, "the control (prepare_inputs_event.synchronize a no-op) must race"
+    # The control's races are the host rewriting a persistent pinned buffer while the previous step's
+    # non-blocking copy to the device may still read it.
+    war = [
+        r
+        for r in caught
+        if r["kind"] == "WAR" and r["first"]["stream"] == "default" and r["second"]["stream"] == "host"
+    ]
+    assert any("copy_to_gpu" in r["first"]["source"] for r in war)
+    assert any("gpu_model_runner.py" in r["second"]["source"] for r in war)
+    assert version_verdict(result, control=True) == ExitCode.CLEAN
+    run = next(run for run in result["runs"] if not run["control"])
+    assert run["forwards"] >= 6 and run["host_accesses"] > 0
+
+
+def test_0_10_2_races_where_25279_says_and_0_11_0_is_clean(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM #25279: #24527's synchronized section did not cover `_update_states`, which rewrites the input
+    batch's sampling tensors (`InputBatch.condense`) that the previous step's `copy_slice` may still read;
+    0.10.2 has #24527 only, 0.11.0 has #25279."""
+    before = _harness_result(tmp_path_factory, "0.10.2")
+    after = _harness_result(tmp_path_factory, "0.11.0")
+    races = _races(before, control=False)
+    assert any(
+        r["kind"] == "WAR" and "copy_slice" in r["first"]["source"] and "condense" in r["second"]["source"]
+        for r in races
+    )
+    assert _races(after, control=False) == []
+    assert _races(after, control=True) and _races(before, control=True)
