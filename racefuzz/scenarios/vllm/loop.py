@@ -19,12 +19,12 @@ One engine step k (docs/vllm-kv-model.md gives every citation; paths are under `
    FlashAttention backend, v1/attention/backends/flash_attn.py): `FlashAttentionImpl.do_kv_cache_update`'s
    `reshape_and_cache_flash` writes each scheduled token's KV into its slot, `FlashAttentionImpl.forward`'s
    `flash_attn_varlen_func` reads the request's KV through the block table; the sampler writes the sampled
-   ids; `step_end`; then (after the forward
-   launch: `_get_kv_connector_output`, v1/worker/kv_connector_model_runner_mixin.py) `start_load_kv` writes
-   the loaded requests' blocks -- NIXL (`NixlConnectorWorker.start_load_kv` -> `_read_blocks_for_req`,
-   distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py): a NIC read into the blocks that no CUDA
-   stream orders; the offloading connector (`CpuGpuOffloadingHandler.transfer_async`,
-   v1/kv_offload/cpu/gpu_worker.py): a copy on its own stream after `stream.wait_stream(current_stream())`.
+   ids; `step_end`; then, after the forward launch (`KVConnectorModelRunnerMixin._get_kv_connector_output`,
+   v1/worker/kv_connector_model_runner_mixin.py), `start_load_kv` writes the loaded requests' blocks: NIXL
+   (`NixlPullConnectorWorker.start_load_kv` -> `_read_blocks_for_req`,
+   distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py) with a NIC read into the blocks that no CUDA
+   stream orders; the offloading connector (`SingleDirectionOffloadingHandler.transfer_async`,
+   v1/kv_offload/cpu/gpu_worker.py) with a copy on its own stream after `stream.wait_stream(current_stream())`.
    Last, `AsyncGPUModelRunnerOutput` copies the sampled ids to the host on its copy stream after
    `wait_stream(default_stream)` and records `async_copy_ready_event`.
 3. `EngineCore.step_with_batch_queue` (v1/engine/core.py) with a queue of depth 2 processes the oldest step
