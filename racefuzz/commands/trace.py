@@ -369,8 +369,9 @@ def replay_trace(
     re-run: the step's happens-before trace is judged instead, as `racefuzz trace --device cpu` does, and a
     race there exits 1 (the output says which verdict it is)."""
     from racefuzz.confirm import confirm
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.oracle import masked
+    from racefuzz.trace.report import latent_lines
     from racefuzz.trace.search import (
         SERIALIZED_REPEATS,
         judge_run,
@@ -399,14 +400,16 @@ def replay_trace(
     check_delay_points(path, delays, reference)
     ordinals = watched_ordinals(reference, watch)
     print(f"racefuzz trace --replay {path}: {spec} on {device}, delays {delays}")
+    judgement = judge_trace(reference.trace)
+    races = judgement.races
     if device == "cpu":
-        races = find_trace_races(reference.trace)
         print(
             "on the CPU the step runs eagerly and a delay cannot reorder anything: the delays are not re-run, "
             "the happens-before verdict of the recorded trace is reported instead"
         )
         for race in races:
             print(race.explain())
+        print(*latent_lines(judgement.latent), sep="\n", end="\n" if judgement.latent else "")
         if races:
             print(f"reproduced as {len(races)} happens-before race(s) (no value check on the CPU)")
             return ExitCode.RACE
@@ -416,9 +419,9 @@ def replay_trace(
             else "no happens-before race"
         )
         return ExitCode.CLEAN
-    races = find_trace_races(reference.trace)
     for race in races:
         print(race.explain())
+    print(*latent_lines(judgement.latent), sep="\n", end="\n" if judgement.latent else "")
     # As in the search that wrote the file: what differs between serialized runs without any delay is not
     # compared, and a divergence counts only k of k (racefuzz.confirm) and if the step without the schedule
     # does not diverge too. The happens-before races of the trace do not depend on the delays.

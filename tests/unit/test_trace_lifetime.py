@@ -168,3 +168,31 @@ def test_racefuzz_sglang_says_a_latent_hazard_and_does_not_count_it():
     assert version_verdict(result, control=True) == 0
     racy = {**result, "runs": [{**run, "barrier": True, "races": [hazard]}, control]}  # the control: counted
     assert version_verdict(racy, control=True) == 1
+
+
+def latent_step(env):
+    """`lifetime_step("none")` by a name a replay file can give."""
+    return lifetime_step("none")(env)
+
+
+def reused_step(env):
+    """`lifetime_step("default")` by a name a replay file can give."""
+    return lifetime_step("default")(env)
+
+
+def test_a_replay_on_the_cpu_says_the_latent_hazard_and_exits_clean(tmp_path, capsys):
+    import json
+
+    from racefuzz.cli import main
+
+    def replay(step: str) -> tuple[int, str]:
+        path = tmp_path / f"{step}.json"
+        fields = {"step": f"tests.unit.test_trace_lifetime:{step}", "device": "cpu", "watch": [], "delays": []}
+        path.write_text(json.dumps({"format": "racefuzz-trace-replay", "version": 1, **fields}))
+        code = main(["replay", str(path)])
+        return code, capsys.readouterr().out
+
+    code, out = replay("latent_step")
+    assert code == 0 and "latent lifetime hazard(s), not counted as races: 1 use(s)" in out
+    code, out = replay("reused_step")  # the control: the same free, reused
+    assert code == 1 and "reproduced as 1 happens-before race(s)" in out and "latent lifetime" not in out
