@@ -12,12 +12,17 @@
 # tests/cuda/test_sglang_harness_gpu.py on that JSON (no second harness run). Exits with racefuzz
 # sglang's code (1: a race in some version, as 0.5.15 has; 5: the harness failed on a version).
 #   DEVICE=cpu ci/sglang_gpu.sh     the same on the CPU (a dry run of the script itself)
+#   VERSIONS="0.5.16 0.5.23"        only these of the carried versions
+#   ARGS="--workload drawn --examples 2000 --jobs 12"   more arguments to racefuzz sglang (then the checks,
+#                                   written for the fixed workload, are skipped); NAME names the outputs
 #   TIMEOUT=240 (seconds per version), OUT, CARRY, WHEELS, SITE, RACEFUZZ_SGLANG_CACHE: where things go
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-.racefuzz/sglang-$DEVICE}
+NAME=${NAME:-sglang-$DEVICE}
+read -r -a extra <<<"${ARGS:-}"
 CARRY=${CARRY:-.carry}
 WHEELS=${WHEELS:-$CARRY/whl}
 SITE=${SITE:-/tmp/racefuzz-sglang-site}
@@ -61,6 +66,7 @@ for archive in "$CARRY"/sglang-*.tar.gz; do
     [ -e "$archive" ] || { echo "ci/sglang_gpu.sh: no $CARRY/sglang-X.tar.gz archives" >&2; exit 2; }
     version=$(basename "$archive" .tar.gz)
     version=${version#sglang-}
+    if [ -n "${VERSIONS:-}" ] && [[ " $VERSIONS " != *" $version "* ]]; then continue; fi
     "$PYTHON" -m racefuzz sglang fetch --version "$version" --archive "$archive" || exit 2
     versions+=("$version")
 done
@@ -68,16 +74,16 @@ IFS=$'\n' versions=($(printf '%s\n' "${versions[@]}" | sort -V)); unset IFS
 args=()
 for version in "${versions[@]}"; do args+=(--version "$version"); done
 
-echo "racefuzz sglang --device $DEVICE ${args[*]}"
+echo "racefuzz sglang --device $DEVICE ${args[*]} ${extra[*]}"
 start=$(date +%s)
-"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" --timeout "${TIMEOUT:-240}" --json "$OUT/sglang-$DEVICE.json" 2>&1 \
-    | tee "$OUT/sglang-$DEVICE.log"
+"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" "${extra[@]}" --timeout "${TIMEOUT:-240}" \
+    --json "$OUT/$NAME.json" 2>&1 | tee "$OUT/$NAME.log"
 rc=${PIPESTATUS[0]}
-echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/sglang-$DEVICE.log"
+echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME.log"
 
 # A version the harness failed on: its traceback (the harness subprocess with --traceback).
-if [ -f "$OUT/sglang-$DEVICE.json" ]; then
-    failed=$("$PYTHON" -c "import json,sys; print(' '.join(r['version'] if r.get('version') not in (None, 'unknown') else r['label'] for r in json.load(open(sys.argv[1])) if r.get('status') == 'error'))" "$OUT/sglang-$DEVICE.json")
+if [ -f "$OUT/$NAME.json" ]; then
+    failed=$("$PYTHON" -c "import json,sys; print(' '.join(r['version'] if r.get('version') not in (None, 'unknown') else r['label'] for r in json.load(open(sys.argv[1])) if r.get('status') == 'error'))" "$OUT/$NAME.json")
     for version in $failed; do
         timeout "${TIMEOUT:-240}" "$PYTHON" -m racefuzz.engines.sglang.harness --python-dir "$RACEFUZZ_SGLANG_CACHE/$version/python" \
             --device "$DEVICE" --sglang-version "$version" --traceback >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
@@ -86,8 +92,12 @@ if [ -f "$OUT/sglang-$DEVICE.json" ]; then
     done
 fi
 
+if [ -n "${ARGS:-}" ]; then
+    echo "checks skipped: they are written for the fixed workload (ARGS=$ARGS)" | tee "$OUT/$NAME.checks.log"
+    exit "$rc"
+fi
 # The GPU test's checks on this run's JSON, without pytest (its cuda marker skips where CuPy is missing).
-"$PYTHON" - "$OUT/sglang-$DEVICE.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/checks.log"
+"$PYTHON" - "$OUT/$NAME.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/checks.log"
 import json, runpy, sys
 checks = runpy.run_path("tests/cuda/test_sglang_harness_gpu.py")
 results = {r.get("version"): r for r in json.load(open(sys.argv[1]))}
@@ -102,7 +112,7 @@ EOF
 
 # The GPU test's expectations on this run's JSON (on the CPU they are the CUDA test's, which skips there).
 if [ "$DEVICE" = cuda ]; then
-    RACEFUZZ_SGLANG_GPU_JSON="$OUT/sglang-$DEVICE.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
+    RACEFUZZ_SGLANG_GPU_JSON="$OUT/$NAME.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
         tests/cuda/test_sglang_harness_gpu.py -rs 2>&1 | tee "$OUT/pytest.log"
     echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
 fi
