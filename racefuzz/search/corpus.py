@@ -14,7 +14,9 @@ A saved entry that no longer fails (the design was fixed) is deleted, as Hypothe
 `racefuzz trace` keeps its failures in the same database (`TraceCorpus`): an entry is a failing delay set
 of a traced step -- its (stream, n-th launch on it, microseconds) points, which name launches by
 themselves, so the key is only what the step is: its `module:function`, the device and the watched
-tensors.
+tensors. A step over drawn workloads (`fuzz(step, workloads=...)`) keeps its failing workloads there
+too (`WorkloadCorpus`): an entry is the shrunk workload's Hypothesis choice sequence, keyed by the step and
+the strategy that gives the sequence its meaning.
 """
 
 from __future__ import annotations
@@ -132,3 +134,60 @@ def _decode_delays(value: bytes) -> list[TracePoint] | None:
     except (ValueError, KeyError, TypeError):
         return None
     return delays if _encode_delays(delays) == value else None  # exactly what `save` writes, nothing coerced
+
+
+def workload_corpus_key(step: str, device: str, watch: Sequence[str], strategy: object) -> bytes:
+    """The database key of a step's failing drawn workloads: the step and what gives a saved choice
+    sequence its meaning, the strategy it was drawn from (by its repr, which names its parts and bounds)."""
+    return corpus_key(
+        frontend="trace-workloads", step=step, device=device, watch=sorted(watch), strategy=repr(strategy)
+    )
+
+
+class WorkloadCorpus:
+    """The saved failing workloads of one step over drawn workloads in `database` (None: nothing saved or
+    replayed): what `racefuzz.trace.search.fuzz` takes as `saved_workloads`. An entry is the workload's
+    Hypothesis choice sequence (what replays it through the strategy) and, for whoever reads the database,
+    the workload itself as JSON where it has one (`to_json()`, or a plain JSON value)."""
+
+    def __init__(self, database: ExampleDatabase | None, key: bytes) -> None:
+        self.database = database
+        self.key = key
+
+    def saved(self) -> list[tuple[object, ...]]:
+        """The saved choice sequences, shortest first; entries this racefuzz cannot read are skipped."""
+        if self.database is None:
+            return []
+        found = [choices for value in self.database.fetch(self.key) if (choices := _decode_choices(value)) is not None]
+        return sorted(found, key=lambda choices: (len(choices), repr(choices)))
+
+    def save(self, choices: tuple[object, ...], workload: object) -> None:
+        if self.database is not None:
+            self.database.save(self.key, _encode_choices(choices, workload))
+
+    def delete(self, choices: tuple[object, ...]) -> None:
+        if self.database is not None:
+            for value in list(self.database.fetch(self.key)):
+                if _decode_choices(value) == tuple(choices):
+                    self.database.delete(self.key, value)
+
+
+def _encode_choices(choices: tuple[object, ...], workload: object) -> bytes:
+    from hypothesis.database import choices_to_bytes
+
+    as_json = workload.to_json() if callable(getattr(workload, "to_json", None)) else workload  # type: ignore[attr-defined]
+    try:
+        json.dumps(as_json)
+    except (TypeError, ValueError):
+        as_json = repr(workload)
+    return json.dumps({"choices": choices_to_bytes(choices).hex(), "workload": as_json}, sort_keys=True).encode()
+
+
+def _decode_choices(value: bytes) -> tuple[object, ...] | None:
+    from hypothesis.database import choices_from_bytes
+
+    try:
+        choices = choices_from_bytes(bytes.fromhex(json.loads(value)["choices"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if choices is None else tuple(choices)

@@ -58,6 +58,61 @@ class SavedFailures(Protocol):
     def delete(self, delays: Sequence[DelayPoint]) -> None: ...
 
 
+Choices = tuple[Any, ...]
+"""A drawn workload's Hypothesis choice sequence: replayed through the same strategy, it draws it again."""
+
+
+class SavedWorkloads(Protocol):
+    """Where a step's failing workloads are kept between runs and tried first (`racefuzz.search.corpus.
+    WorkloadCorpus`), as their choice sequences under the strategy they were drawn from."""
+
+    def saved(self) -> list[Choices]: ...
+
+    def save(self, choices: Choices, workload: Any) -> None: ...
+
+    def delete(self, choices: Choices) -> None: ...
+
+
+SHRINK_RUNS = 200
+"""Runs of the step a workload search's shrinking may make by default (each is one recording)."""
+
+RaceKey = tuple[str, ...]
+"""What makes a workload fail "the same way" while it is shrunk: a race's kind and both accesses' source
+lines, or (`value`, the divergence's kind, its launch's source) for a value-only manifestation."""
+
+
+@dataclass
+class WorkloadSearch:
+    """How the workloads of a step that takes one (`fuzz(step, workloads=...)`) were searched.
+
+    Args:
+        workload: the shrunk failing workload (None: no drawn workload failed).
+        drawn: that failure's workload as first drawn, before shrinking.
+        choices: `workload`'s Hypothesis choice sequence (what the failure database keeps).
+        race: the failure's key (`RaceKey`): every shrunk candidate had to fail with it.
+        examples: workloads drawn and run before the first failure (or all of them: none failed).
+        shrink_runs: runs of the step the shrinking made (candidates already judged are not run again);
+            `shrink_capped`: it stopped at its budget, so `workload` is the smallest found, not a minimum.
+        confirmed / confirm_runs: re-recordings of `workload` that failed with `race` (k of k counts).
+        replayed: saved failing workloads tried before drawing any.
+    """
+
+    workload: Any = None
+    drawn: Any = None
+    choices: Choices = ()
+    race: RaceKey = ()
+    examples: int = 0
+    shrink_runs: int = 0
+    shrink_capped: bool = False
+    confirmed: int = 0
+    confirm_runs: int = 0
+    replayed: int = 0
+
+    @property
+    def confirmation(self) -> Confirmation | None:
+        return None if self.workload is None else Confirmation(self.confirmed, self.confirm_runs)
+
+
 @dataclass
 class TraceResult:
     """What fuzzing one step found.
@@ -78,6 +133,8 @@ class TraceResult:
         replayed: saved failing delay sets (`SavedFailures`) tried before the search.
         latent: latent lifetime hazards of the reference trace (`racefuzz.trace.convert.judge_trace`): uses
             pending at a free that no later allocation in the trace reuses; said, not counted as races.
+        workloads: for a step over drawn workloads, how they were searched; the rest of the result is then
+            the judgement of its shrunk failing workload (or, none failing, of the last one run).
     """
 
     step: str
@@ -95,6 +152,7 @@ class TraceResult:
     skipped: str = ""
     replayed: int = 0
     latent: list[TraceRace] = field(default_factory=list)
+    workloads: WorkloadSearch | None = None
 
     @property
     def searched(self) -> bool:
@@ -115,8 +173,13 @@ class TraceResult:
     @property
     def racy(self) -> bool:
         """A race: happens-before's (it does not depend on the schedule), or a divergence confirmed k of k. A
-        divergence confirmed fewer times is flaky: reported, not a race."""
-        return bool(self.races) or self.manifested
+        divergence confirmed fewer times is flaky: reported, not a race. Over drawn workloads, the shrunk
+        workload must also have failed the same way in each of its k re-recordings."""
+        found = bool(self.races) or self.manifested
+        if self.workloads is None or not found:
+            return found
+        confirmation = self.workloads.confirmation
+        return confirmation is not None and confirmation.confirmed
 
     @property
     def value_only(self) -> bool:
@@ -397,6 +460,10 @@ def fuzz(
     delays_us: Sequence[float] = DELAYS_US,
     run_kernels: bool = True,
     saved: SavedFailures | None = None,
+    workloads: Any = None,
+    saved_workloads: SavedWorkloads | None = None,
+    shrink_runs: int = SHRINK_RUNS,
+    shrink_seconds: float | None = None,
 ) -> TraceResult:
     """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it.
 
@@ -405,7 +472,28 @@ def fuzz(
     them: the happens-before verdict of GPU code on a machine without a GPU. `saved`: failing delay sets
     kept from earlier runs, tried before the search; a manifestation found is saved there, one that no
     longer fails is deleted.
+
+    `workloads`: a Hypothesis strategy the step draws its workload from; the step is then called as
+    `step(env, workload)` and `fuzz_workloads` searches the workloads (the other options judge each one).
     """
+    if workloads is not None:
+        if saved is not None:
+            raise ValueError("saved delay sets name one workload's launches: over drawn workloads use saved_workloads")
+        return fuzz_workloads(
+            step,
+            workloads,
+            device=device,
+            watch=watch,
+            examples=examples,
+            max_delays=max_delays,
+            confirm=confirm,
+            seed=seed,
+            delays_us=delays_us,
+            run_kernels=run_kernels,
+            saved=saved_workloads,
+            shrink_runs=shrink_runs,
+            shrink_seconds=shrink_seconds,
+        )
     device = resolve_device(device)
     if not run_kernels and device != "cpu":
         raise ValueError("run_kernels=False is for CPU recording: on a GPU the kernels run")
@@ -463,6 +551,176 @@ def fuzz(
         result.skipped = f"(it cannot judge this step: {learned.unstable})"
     result.seconds = time.perf_counter() - started
     return result
+
+
+def race_keys(result: TraceResult) -> list[RaceKey]:
+    """The keys (`RaceKey`) of what `result` found, its happens-before races first; [] when clean. A
+    divergence counts only confirmed k of k (`TraceResult.manifested`)."""
+    keys: list[RaceKey] = [(r.race.kind, r.first.source, r.second.source) for r in result.races]
+    if result.manifested and result.divergence is not None:
+        launch = result.divergence.launch
+        keys.append(("value", result.divergence.kind, launch.source if launch is not None else ""))
+    return keys
+
+
+def bound_step(step: Callable[[Any, Any], Any], workload: Any) -> Step:
+    """`step` with its workload given: a step of the env alone, named as `step` (its reports, its errors)."""
+
+    def run(env: Any) -> Any:
+        return step(env, workload)
+
+    run.__module__, run.__qualname__ = getattr(step, "__module__", None), getattr(step, "__qualname__", repr(step))
+    return run
+
+
+def fuzz_workloads(
+    step: Callable[[Any, Any], Any],
+    strategy: Any,
+    *,
+    device: str = "auto",
+    watch: Sequence[str] = (),
+    examples: int = 200,
+    confirm: int = 3,
+    seed: int | None = None,
+    saved: SavedWorkloads | None = None,
+    shrink_runs: int = SHRINK_RUNS,
+    shrink_seconds: float | None = None,
+    delay_examples: int | None = None,
+    **judge_options: Any,
+) -> TraceResult:
+    """Search the workloads of a step that takes one: Hypothesis draws up to `examples` workloads from
+    `strategy`; each is recorded and judged by `fuzz` (happens-before, and on a GPU the delay search with
+    `judge_options`); the first that fails is shrunk by Hypothesis (the strategy's own simplification) to
+    the smallest workload that still fails with the same race (`RaceKey`: kind and both source lines),
+    re-recorded `confirm` times (k of k, `racefuzz.confirm`), and saved in `saved` as its choice sequence.
+
+    Saved workloads are tried first, in order; one that fails is the result (it was shrunk when saved,
+    and is confirmed again), one that no longer fails is deleted. A workload is judged once per search
+    (a recorded race of a deterministic host program is a fact; the k-of-k re-recordings say so).
+    Shrinking stops after `shrink_runs` runs of the step or `shrink_seconds` (Hypothesis's shrinker is
+    then told every unjudged candidate passes): the result says so. The step raising on a workload is
+    the step's error (`StepFailed`, not shrunk), as without workloads. On a GPU each workload's delay
+    search draws up to `delay_examples` delay sets (None: `examples`)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis.control import current_build_context
+
+    device = resolve_device(device)
+    if examples < 1:
+        raise ValueError(f"a workload search draws at least one workload, not {examples}")
+    judge_options["examples"] = examples if delay_examples is None else delay_examples
+    search = WorkloadSearch()
+    started = time.perf_counter()
+    judged: dict[str, TraceResult] = {}
+    last: list[TraceResult] = []
+
+    def judge(workload: Any) -> TraceResult:
+        key = repr(workload)
+        if key not in judged:
+            judged[key] = fuzz(bound_step(step, workload), device=device, watch=watch, confirm=confirm, **judge_options)
+        last[:] = [judged[key]]
+        return judged[key]
+
+    found: tuple[Any, Choices] | None = None
+    for choices in saved.saved() if saved is not None else []:
+        search.replayed += 1
+        workload = replayed_workload(strategy, choices)
+        keys = race_keys(judge(workload)) if workload is not None else []
+        if keys:
+            search.race, found = keys[0], (workload, choices)
+            break
+        if saved is not None:
+            saved.delete(choices)
+
+    if found is None:
+        failures: list[tuple[Any, Choices]] = []
+        error: list[BaseException] = []
+        shrink_began: list[float] = []
+
+        class _Failed(Exception):
+            pass
+
+        @settings(
+            max_examples=examples,
+            database=None,
+            deadline=None,
+            phases=(Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            derandomize=seed is None,
+            report_multiple_bugs=False,
+        )
+        @given(strategy)
+        def example(workload: Any) -> None:
+            if error:
+                return  # the step failed: the search is over, its error is raised below
+            if failures:  # shrinking: a run the budget has no room for is a candidate that passes
+                if repr(workload) not in judged:
+                    over_time = shrink_seconds is not None and time.perf_counter() - shrink_began[0] > shrink_seconds
+                    if search.shrink_runs >= shrink_runs or over_time:
+                        search.shrink_capped = True
+                        return
+                    search.shrink_runs += 1
+            else:
+                search.examples += 1
+            try:
+                keys = race_keys(judge(workload))
+            except Exception as exc:  # not shrunk: the step's (or racefuzz's) error, raised as it is
+                error.append(exc)
+                return
+            if keys and not failures:
+                search.race, search.drawn = keys[0], workload
+                shrink_began.append(time.perf_counter())
+            if search.race and search.race in keys:
+                failures.append((workload, tuple(current_build_context().data.choices)))
+                raise _Failed
+
+        if seed is not None:
+            example = hypothesis_seed(seed)(example)
+        try:
+            example()
+        except Exception as exc:
+            if not failures or not _only_manifestations(exc, _Failed):
+                raise
+        if error:
+            raise error[0]
+        if failures:
+            found = failures[-1]  # Hypothesis replays the smallest failing example last
+    if found is None:
+        result = last[0]  # Hypothesis ran at least one example: `examples` >= 1
+        result.workloads = search
+        result.seconds = time.perf_counter() - started
+        return result
+    workload, search.choices = found
+    search.workload = workload
+    result = judged[repr(workload)]
+    # The shrunk workload re-recorded k times, each a fresh judgement, failing with the same race each time.
+    confirmation = confirm_k_of_k(
+        lambda: (
+            search.race
+            in race_keys(fuzz(bound_step(step, workload), device=device, watch=watch, confirm=confirm, **judge_options))
+        ),
+        confirm,
+    )
+    search.confirmed, search.confirm_runs = confirmation.reproduced, confirmation.runs
+    if confirmation.confirmed and saved is not None:
+        saved.save(search.choices, workload)
+    result.workloads = search
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def replayed_workload(strategy: Any, choices: Choices) -> Any:
+    """The workload `choices` draws from `strategy` (None: it draws none now, the strategy changed).
+
+    Hypothesis keeps no public way to replay a choice sequence outside its own database, which a seeded
+    search does not use; this is the one place racefuzz reaches into its internals for it."""
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.data import ConjectureData
+
+    try:
+        return ConjectureData.for_choices(choices).draw(strategy)
+    except (Exception, StopTest):  # too few choices (an overrun), a strategy that rejects them: not its sequence
+        return None
 
 
 def without_the_schedule(
