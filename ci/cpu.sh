@@ -16,6 +16,12 @@ PYTHON=${PYTHON:-python3}
 # Everything else sglang imports is stubbed in the harness's subprocess (racefuzz/engines/sglang/stubs.py).
 "$PYTHON" -m pip install --quiet --disable-pip-version-check msgspec psutil dill pydantic
 "$PYTHON" -m racefuzz.cli sglang fetch --version 0.5.23 --version 0.5.15 --version 0.5.14
+# The vLLM harness (tests/engines/test_vllm_harness.py, docs/vllm.md): vLLM 0.33.0's Python sources (the wheel
+# downloaded with --no-deps, only its .py files unpacked into ~/.cache/racefuzz/vllm/), and regex, which vLLM's
+# imports call at module level (msgspec and pydantic, installed above, too); the rest is stubbed
+# (racefuzz/engines/vllm/stubs.py).
+"$PYTHON" -m pip install --quiet --disable-pip-version-check regex
+"$PYTHON" -m racefuzz.cli vllm fetch --version 0.33.0
 
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
