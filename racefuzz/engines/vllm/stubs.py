@@ -84,7 +84,6 @@ STUBBED = (
     "nixl",
     "mooncake",
     "lmcache",
-    "msgspec",
     "gpt_oss",
     "cpuinfo",
     "xformers",
