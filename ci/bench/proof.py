@@ -61,23 +61,31 @@ def _plain_env(device: str = "cuda") -> Any:
     return TraceEnv(Recorder(device), device)
 
 
-def _step_cost(step: Any, rounds: int, device: str = "cuda") -> dict[str, float]:
+def _step_cost(step: Any, rounds: int, device: str = "cuda", run_kernels: bool = True) -> dict[str, float]:
     """The recording cost of `step` in µs, as `_overheads` measures the micro workload's: after one run
     unrecorded (it compiles the step's kernels) and 10 untimed rounds, `rounds` rounds back to back, each: the
     step unrecorded with torch's own `torch.cuda` methods (`cuda_api_unpatched`: the baseline), under an empty
     dispatch mode (`dispatch_floor_us`: the median difference to the baseline), unrecorded with racefuzz's
     patches installed, and recorded as a trace. Pairing each figure with its round's baseline keeps a host
-    whose speed drifts between rounds out of the differences."""
+    whose speed drifts between rounds out of the differences.
+
+    On the GPU each run is timed by the wall clock (it ends with a device sync: the host waits for the
+    kernels). On the CPU by this thread's CPU time (`time.thread_time`): every op runs on the calling
+    thread there (the caller sets torch to one thread), so time the host spends on other processes is not
+    counted, on a shared machine. `run_kernels=False` (the CPU's sglang step: Triton needs a GPU) records
+    kernel launches from their annotations without running them (`Recorder.run_kernels`); the caller runs
+    the unrecorded ones without their kernels too (`_skip_triton_kernels`)."""
     from racefuzz.trace.capture import cuda_api_unpatched
 
     env = _plain_env(device)
     step(env)
     empty_mode = _empty_mode_class()
+    clock = time.perf_counter if device.startswith("cuda") else time.thread_time
 
     def timed(run: Any) -> float:
-        start = time.perf_counter()
+        start = clock()
         run()
-        return (time.perf_counter() - start) * 1e6
+        return (clock() - start) * 1e6
 
     def unpatched(run: Any) -> Any:
         def inside() -> None:
@@ -90,13 +98,16 @@ def _step_cost(step: Any, rounds: int, device: str = "cuda") -> dict[str, float]
         with empty_mode():
             step(env)
 
+    def recorded() -> None:
+        run_once(step, device, evaluate_annotations=False, snapshot_plan={}, run_kernels=run_kernels)
+
     samples: dict[str, list[float]] = {"plain_us_per_op": [], "plain_installed_us_per_op": [], "trace_us_per_op": []}
     floor = []
     for i in range(rounds + 10):
         plain = timed(unpatched(lambda: step(env)))
         empty = timed(unpatched(under_empty_mode))
         installed = timed(lambda: step(env))
-        traced = timed(lambda: run_once(step, device, evaluate_annotations=False, snapshot_plan={}))
+        traced = timed(recorded)
         if i >= 10:
             samples["plain_us_per_op"].append(plain)
             samples["plain_installed_us_per_op"].append(installed)
@@ -111,6 +122,30 @@ def _step_cost(step: Any, rounds: int, device: str = "cuda") -> dict[str, float]
         "recording_us": overheads["recording_overhead_us_per_op"],
         "dispatch_floor_us": statistics.median(floor),
     }
+
+
+CPU_MODEL_MATMUL = 256
+"""The sglang step's model matmul on the CPU (`real_kernels.MODEL_MATMUL`, 2048 on the GPU): the same
+launches, an eighth of the size (a 2048-square matmul takes the CPU tens of ms, whose noise would swamp the
+recording's cost; no figure here depends on the matmul's size)."""
+
+
+def _skip_triton_kernels() -> None:
+    """From now on, in this process, a Triton launch runs no kernel (`JITFunction.run` returns None): the
+    CPU's unrecorded runs of the sglang step, which cannot run Triton kernels, skip them as its recorded
+    runs (`run_kernels=False`) do. Before racefuzz's first recording, which wraps `JITFunction.run`
+    (`racefuzz.trace.capture._patch_triton`) and so records the launches over it as usual."""
+    from triton.runtime.jit import JITFunction
+
+    from racefuzz.trace import capture
+
+    if capture._TRITON_PATCHED:
+        raise RuntimeError("Triton's launches are skipped only before racefuzz's first recording (a fresh process)")
+
+    def skipped(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
+        return None
+
+    JITFunction.run = skipped
 
 
 def _empty_mode_class() -> type:
@@ -136,13 +171,24 @@ def _empty_mode_class() -> type:
     return EmptyMode
 
 
-def cost_main(design: str, rounds: int) -> int:
-    """Print the `COST` line of sglang design `design` (`_step_cost`, in this process: run it fresh)."""
+def cost_main(design: str, rounds: int, device: str = "cuda") -> int:
+    """Print the `COST` line of sglang design `design` (`_step_cost`, in this process: run it fresh).
+
+    `device="cpu"`: the step's torch ops on CPU tensors, its Triton launches recorded from their
+    annotations and not run (`run_kernels=False`; the unrecorded runs skip them: `_skip_triton_kernels`),
+    torch on one thread, the model's matmul `CPU_MODEL_MATMUL` square, CPU time (`_step_cost`)."""
     from racefuzz.scenarios.sglang import real_kernels
 
+    run_kernels = device != "cpu"
+    if not run_kernels:
+        import torch
+
+        torch.set_num_threads(1)
+        real_kernels.MODEL_MATMUL = CPU_MODEL_MATMUL
+        _skip_triton_kernels()
     step = real_kernels.step_for(design)
-    figures = _step_cost(step, rounds)
-    record = run_once(step, "cuda", evaluate_annotations=False, snapshot_plan={})
+    figures = _step_cost(step, rounds, device, run_kernels)
+    record = run_once(step, device, evaluate_annotations=False, snapshot_plan={}, run_kernels=run_kernels)
     launches, events = len(record.launch_ops), len(record.trace.ops)
     print(
         f"COST design={design} step_median_us={figures['step_median_us']:.1f} "
@@ -151,7 +197,7 @@ def cost_main(design: str, rounds: int) -> int:
         f"installed_us_per_step={figures['installed_us']:.1f} "
         f"recording_us_per_launch={figures['recording_us'] / launches:.1f} "
         f"recorded_events={events} recording_us_per_event={figures['recording_us'] / events:.1f} "
-        f"empty_mode_us_per_launch={figures['dispatch_floor_us'] / launches:.1f}"
+        f"empty_mode_us_per_launch={figures['dispatch_floor_us'] / launches:.1f} device={device}"
     )
     return 0
 
@@ -467,6 +513,12 @@ def main(argv: list[str]) -> int:
     cost = commands.add_parser("cost", help="the recording cost of one sglang design's step (a fresh process)")
     cost.add_argument("--design", required=True, choices=DESIGNS)
     cost.add_argument("--rounds", type=int, default=100)
+    cost.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: CPU tensors, the Triton launches recorded from their annotations and not run (CPU time)",
+    )
     micro = commands.add_parser("micro", help="the recording cost per op of the micro workload")
     micro.add_argument("--device", default="cuda", help="cuda or cpu (CPU tensors, virtual streams)")
     micro.add_argument("--ops", type=int, default=2000)
@@ -482,7 +534,7 @@ def main(argv: list[str]) -> int:
     if args.command == "csan":
         return csan_main(args.design)
     if args.command == "cost":
-        return cost_main(args.design, args.rounds)
+        return cost_main(args.design, args.rounds, args.device)
     if args.command == "micro":
         return micro_main(args.device, args.ops, args.runs, args.profile, args.workload)
     designs = [d for d in args.designs.split(",") if d]
