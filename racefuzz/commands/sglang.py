@@ -51,7 +51,13 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "--workload",
         default="fixed",
         help="fixed (2 prefills, decodes, a finish and a row reuse), drawn (Hypothesis, --examples of them), "
-        "or a JSON file of one workload",
+        "search (Hypothesis draws up to --examples in one process, shrinks the first racy one, saves it in "
+        "--database and writes a replay file: engines/sglang/search.py), or a JSON file of one workload",
+    )
+    parser.add_argument("--database", help="with --workload search: as racefuzz run's --database")
+    parser.add_argument("--report-dir", type=Path, help="with --workload search: where replay files go (.racefuzz)")
+    parser.add_argument(
+        "--shrink-runs", type=int, default=100, help="with --workload search: harness runs a shrink may make"
     )
     parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
     parser.add_argument(
@@ -145,6 +151,10 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     plan_stream = bool(getattr(args, "plan_stream", False))
     if plan_stream and spec != "dflash":
         raise InvalidArgument("--plan-stream needs --spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
+    if args.workload == "search":  # drawn, shrunk, saved in one process per version
+        from racefuzz.engines.sglang.search import search_command
+
+        return search_command(args, device)
     workloads = with_spec(
         workloads_for(args.workload, args.examples, args.seed),
         spec,
