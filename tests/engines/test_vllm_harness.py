@@ -198,3 +198,49 @@ def test_0_10_2_races_where_25279_says_and_0_11_0_is_clean(tmp_path_factory: pyt
     )
     assert _races(after, control=False) == []
     assert _races(after, control=True) and _races(before, control=True)
+
+
+_SYNCED_UPDATE = """        with (
+            record_function_or_nullcontext("gpu_model_runner: preprocess"),
+            self.synchronize_input_prep(),
+        ):
+            # Update persistent batch states.
+            deferred_state_corrections_fn = self._update_states(scheduler_output)
+"""
+_UNSYNCED_UPDATE = """        deferred_state_corrections_fn = self._update_states(scheduler_output)
+        with (
+            record_function_or_nullcontext("gpu_model_runner: preprocess"),
+            self.synchronize_input_prep(),
+        ):
+"""
+
+
+def test_a_pull_request_that_moves_update_states_out_of_the_synchronized_section_races(tmp_path: Path) -> None:
+    """0.33.0's tree as a checkout (no `_version.py`) with `_update_states` moved back before
+    `synchronize_input_prep` (0.10.2's order, what #25279 fixed): the block table's `append_row` then rewrites
+    a row the previous step's `commit_block_table` copy may still read."""
+    import os
+    import shutil
+
+    from racefuzz.commands.vllm import run_harness, version_verdict
+    from racefuzz.engines.vllm.workload import FIXED
+
+    original = _sources_or_skip("0.33.0")
+    shutil.copytree(original / "vllm", tmp_path / "vllm", copy_function=os.symlink)
+    runner_file = tmp_path / "vllm" / "v1" / "worker" / "gpu_model_runner.py"
+    text = runner_file.read_text()
+    assert text.count(_SYNCED_UPDATE) == 1
+    runner_file.unlink()
+    runner_file.write_text(text.replace(_SYNCED_UPDATE, _UNSYNCED_UPDATE))
+    (tmp_path / "vllm" / "_version.py").unlink()
+    result = run_harness(sources.locate(source=tmp_path), [FIXED.to_json()], False, "0.33.0", 600)
+    assert result["version"] == "0.33.0"
+    assert version_verdict(result, control=False) == ExitCode.RACE
+    races = _races(result, control=False)
+    assert any(
+        r["kind"] == "WAR"
+        and "copy_to_gpu" in r["first"]["source"]
+        and "append_row" in r["second"]["source"]
+        and any(b.startswith("block_table[0].block_table.cpu[") for b in r["bytes"])
+        for r in races
+    )
