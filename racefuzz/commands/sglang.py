@@ -267,7 +267,10 @@ def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def draw_workloads(count: int, seed: int) -> list[Any]:
-    """`count` workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`."""
+    """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
+    (fewer only if twice as many draws did not find that many)."""
+    import contextlib
+
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -276,9 +279,12 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     drawn: list[Any] = []
     seen: set[Any] = set()
 
+    class Enough(Exception):
+        """Raised once `count` distinct workloads are in: generation stops (no shrink phase to run)."""
+
     @hypothesis_seed(seed)
     @settings(
-        max_examples=count,
+        max_examples=2 * count + 10,  # Hypothesis draws duplicates: 2000 draws held 1991 distinct workloads
         database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),
@@ -286,11 +292,14 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     )
     @given(workloads())
     def collect(workload: Any) -> None:
+        if len(drawn) >= count:
+            raise Enough
         if workload not in seen:  # a set: a list's `in` made 10,000 draws take minutes
             seen.add(workload)
             drawn.append(workload)
 
-    collect()
+    with contextlib.suppress(Enough):
+        collect()
     return drawn[:count]
 
 

@@ -399,3 +399,12 @@ def test_manifest_needs_a_gpu() -> None:
     )
     assert done.returncode == ExitCode.USAGE and "--manifest needs --device cuda" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_drawn_means_that_many_distinct_workloads() -> None:
+    """Hypothesis draws duplicates (2000 draws held 1991 distinct workloads): `--examples N` is N distinct."""
+    from racefuzz.commands.sglang import draw_workloads
+
+    drawn = draw_workloads(300, 0)
+    assert len(drawn) == len(set(drawn)) == 300
+    assert draw_workloads(300, 0) == drawn
