@@ -13,7 +13,7 @@ real `Sampler`, `_bookkeeping_sync`, `AsyncGPUModelRunnerOutput`'s D2H copy on i
 
 Faked: the scheduler (`FakeScheduler`: it builds vLLM's own `SchedulerOutput` / `NewRequestData` /
 `CachedRequestData` from a workload, with its own block allocator instead of vLLM's `KVCacheManager`), the
-model, the attention backend, and the slot-mapping Triton kernel on the CPU (`slot_mapping_kernel`, the
+model, the attention backend, and the slot-mapping Triton kernel on the CPU (`SlotMappingKernel`, the
 same arithmetic in torch ops: Triton does not run on the CPU).
 """
 
@@ -45,7 +45,6 @@ class StepRun:
 
     steps: int = 0
     forwards: int = 0
-    finished: list[str] = field(default_factory=list)
     outputs: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -77,7 +76,6 @@ class FakeScheduler:
         self.tracked = {r.rid: _Tracked(r) for r in workload.requests}
         self.order = [r.rid for r in sorted(workload.requests, key=lambda r: r.arrival)]
         self.step = 0
-        self.known: set[str] = set()  # requests the runner holds (scheduled at least once since their last add)
         self.pending_finished: set[str] = set()
 
     def done(self) -> bool:
@@ -115,7 +113,6 @@ class FakeScheduler:
                 tracked.state, tracked.computed = "preempted", 0
                 self._release(tracked)
                 preempted.add(rid)
-                self.known.discard(rid)
                 continue
             new_blocks = self._allocate(tracked, tracked.computed + 1)
             if new_blocks is None:
@@ -148,7 +145,6 @@ class FakeScheduler:
                 tracked.state = "finished"
                 self._release(tracked)
                 self.pending_finished.add(rid)
-            self.known.add(rid)
         greedy = SamplingParams(temperature=0.0, max_tokens=64)
         sampled = SamplingParams(temperature=1.0, max_tokens=64)
         scheduled_new = [
@@ -407,7 +403,7 @@ def run_loop(runner: Any, workload: Workload) -> StepRun:
                     _take(in_flight.popleft(), run)
                 continue
             result = runner.execute_model(output)
-            if result is None:  # 0.11 on: sampling is a second call (`sample_tokens`); before, one
+            if result is None:  # 0.33: sampling is a second call (`sample_tokens`); 0.10-0.11 sample in one
                 result = runner.sample_tokens(None)
             in_flight.append(result)
             if workload.async_scheduling and len(in_flight) < 2 and not scheduler.done():
