@@ -156,6 +156,14 @@ def test_a_directory_that_is_no_vllm_tree_is_refused(tmp_path: Path) -> None:
         sources.locate(source=tmp_path)
 
 
+def test_drawn_workloads_are_as_many_as_asked_and_distinct() -> None:
+    from racefuzz.commands.vllm import draw_workloads
+
+    drawn = draw_workloads(60, seed=3)
+    assert len(drawn) == 60 and len(set(drawn)) == 60
+    assert draw_workloads(60, seed=3) == drawn  # reproducible from the seed
+
+
 # vLLM's own runner.
 
 
