@@ -714,11 +714,14 @@ def replayed_workload(strategy: Any, choices: Choices) -> Any:
 
     Hypothesis keeps no public way to replay a choice sequence outside its own database, which a seeded
     search does not use; this is the one place racefuzz reaches into its internals for it."""
+    from hypothesis.control import BuildContext
     from hypothesis.errors import StopTest
     from hypothesis.internal.conjecture.data import ConjectureData
 
+    data = ConjectureData.for_choices(choices)
     try:
-        return ConjectureData.for_choices(choices).draw(strategy)
+        with BuildContext(data, is_final=True, wrapped_test=None):  # tuples and lists draw in one, as under @given
+            return data.draw(strategy)
     except (Exception, StopTest):  # too few choices (an overrun), a strategy that rejects them: not its sequence
         return None
 

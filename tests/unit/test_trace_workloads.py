@@ -16,6 +16,10 @@ from racefuzz.trace.search import fuzz, step_name  # noqa: E402
 
 ROWS = st.lists(st.integers(0, 3), max_size=6)
 """A workload: the rows a forward reads (the first item) and the scheduler then rewrites (the second)."""
+PAIRED_ROWS = st.tuples(st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=6), st.booleans()).map(
+    lambda drawn: [row for row, _ in drawn[0]]
+)
+"""The same workloads drawn through tuples (which draw only inside Hypothesis' build context)."""
 
 
 def read_then_rewrite(env, rows, *, ordered: bool = False):
@@ -59,20 +63,22 @@ def test_shrinking_stops_at_its_budget_and_says_so() -> None:
     assert search.workload == search.drawn  # nothing smaller was run
 
 
-def test_the_failure_database_keeps_the_shrunk_workload_and_replays_it_first() -> None:
+@pytest.mark.parametrize("strategy", [ROWS, PAIRED_ROWS], ids=["lists", "tuples"])
+def test_the_failure_database_keeps_the_shrunk_workload_and_replays_it_first(strategy) -> None:
     database = InMemoryExampleDatabase()
-    saved = WorkloadCorpus(database, workload_corpus_key(step_name(read_then_rewrite), "cpu", [], ROWS))
+    saved = WorkloadCorpus(database, workload_corpus_key(step_name(read_then_rewrite), "cpu", [], strategy))
+    options = dict(workloads=strategy, device="cpu", seed=0, saved_workloads=saved)
     # One drawn workload finds nothing (Hypothesis draws the simplest first: no rows) ...
-    assert not fuzz(read_then_rewrite, workloads=ROWS, device="cpu", examples=1, seed=0, saved_workloads=saved).racy
+    assert not fuzz(read_then_rewrite, examples=1, **options).racy
     assert saved.saved() == []
-    first = fuzz(read_then_rewrite, workloads=ROWS, device="cpu", examples=100, seed=0, saved_workloads=saved)
-    assert first.racy and len(saved.saved()) == 1
+    first = fuzz(read_then_rewrite, examples=100, **options)
+    assert first.racy and first.workloads.workload == [0, 0] and len(saved.saved()) == 1
     # ... but with the database it is the first workload run, and no workload is drawn.
-    second = fuzz(read_then_rewrite, workloads=ROWS, device="cpu", examples=1, seed=0, saved_workloads=saved)
+    second = fuzz(read_then_rewrite, examples=1, **options)
     assert second.racy and second.workloads.workload == [0, 0]
     assert (second.workloads.replayed, second.workloads.examples, second.workloads.shrink_runs) == (1, 0, 0)
     # Fixed (the same key, the rewrite ordered after the read): the entry is tried, found clean, deleted.
-    third = fuzz(ordered_rewrite, workloads=ROWS, device="cpu", examples=5, seed=0, saved_workloads=saved)
+    third = fuzz(ordered_rewrite, examples=5, **options)
     assert not third.racy and third.workloads.replayed == 1 and saved.saved() == []
     # Another strategy is another key: its sequences would draw other workloads.
     other = workload_corpus_key(step_name(read_then_rewrite), "cpu", [], st.lists(st.integers(0, 2)))
