@@ -52,6 +52,15 @@ def finite_float(minimum: float, maximum: float, what: str) -> Callable[[str], f
     return parse
 
 
+def hazard_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated hazard names; which exist is the scenario's, checked once the design
+    is loaded (`racefuzz.scenarios.check_hazards`), since `--scenario` may come after `--hazards`."""
+    names = tuple(h.strip() for h in text.split(",") if h.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"unknown hazard(s) [{text!r}]: name at least one")
+    return names
+
+
 def path(text: str) -> Path:
     """An argparse type: a non-empty path (`Path("")` would be the working directory, unasked)."""
     if not text:

@@ -9,14 +9,59 @@ from __future__ import annotations
 
 import argparse
 
-from racefuzz.backends import resolve_backend
-from racefuzz.commands.run import scenario_hazards
+from racefuzz.backends import BACKENDS, resolve_backend
+from racefuzz.commands import ParserFactory, argtypes
+from racefuzz.commands.run import SCENARIO_HELP, hazards_help, scenario_hazards
 from racefuzz.designs import Design, load_design
 from racefuzz.errors import InvalidArgument
 from racefuzz.scenarios import DEFAULT_SCENARIO, Scenario, get_scenario
 
 DEFAULT_DESIGNS = "self-event,global-war"
 """What `--designs` compares on the default scenario when not given (another scenario: its built-ins)."""
+
+
+def add_parser(command: ParserFactory) -> None:
+    """Add the `compare` subcommand through the CLI's subcommand factory."""
+    compare = command("compare", "correctness and cost of sync designs side by side")
+    compare.add_argument("--scenario", default=None, help=SCENARIO_HELP)
+    compare.add_argument(
+        "--designs",
+        default=None,
+        help="comma-separated designs, at least two (default self-event,global-war for sglang-overlap, every "
+        "built-in design of another --scenario)",
+    )
+    compare.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable")
+    plan = compare.add_mutually_exclusive_group()
+    plan.add_argument("--plan-stream", dest="plan_stream", action="store_true", default=None)
+    plan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false")
+    compare.add_argument("--hazards", type=argtypes.hazard_list, default=None, help=hazards_help())
+    compare.add_argument(
+        "--workloads",
+        type=argtypes.bounded_int(1, 100_000, "a positive integer"),
+        default=100,
+        help="drawn workloads, 1 to 100,000 (default 100)",
+    )
+    compare.add_argument("--seed", type=argtypes.seed, default=0)
+    compare.add_argument(
+        "--forward-us",
+        type=argtypes.microseconds,
+        default=3000.0,
+        help="forward compute per iteration in us (default 3000, a decode step)",
+    )
+    compare.add_argument(
+        "--host-us",
+        type=argtypes.microseconds,
+        default=600.0,
+        help="host scheduling work per iteration before decode prep, in us (default 600)",
+    )
+    compare.add_argument(
+        "--prep-us",
+        type=argtypes.microseconds,
+        default=300.0,
+        help="host work between decode prep and the forward launch, in us (default 300)",
+    )
+    compare.add_argument("--json", type=argtypes.path, help="write the results here")
+    compare.add_argument("--plot", type=argtypes.path, help="write a PNG: cost bars and one timeline per design")
 
 
 def parse_designs(text: str, scenario: Scenario | None = None) -> list[Design]:

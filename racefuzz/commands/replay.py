@@ -18,11 +18,29 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from racefuzz.commands import ParserFactory, argtypes
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
 
 KINDS = ("model", "trace")
 """The kinds of counterexample a replay file holds."""
+
+
+def add_parser(command: ParserFactory) -> None:
+    """Add the `replay` subcommand through the CLI's subcommand factory."""
+    replay = command("replay", "re-run a replay file and print its report")
+    replay.add_argument("file", type=argtypes.path)
+    replay.add_argument("--backend", choices=("sim", "cuda"), help="default: the backend recorded in the file")
+    replay.add_argument(
+        "--repeat", type=argtypes.repeat, default=1, help="runs, 1 to 1000 (default 1; 5 is sensible on GPU)"
+    )
+    replay.add_argument(
+        "--example-timeout",
+        type=argtypes.timeout,
+        default=argtypes.DEFAULT_EXAMPLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"as for run (default {argtypes.DEFAULT_EXAMPLE_TIMEOUT_S:g})",
+    )
 
 
 def replay_command(args: argparse.Namespace) -> ExitCode:

@@ -16,12 +16,15 @@ import sys
 from pathlib import Path
 
 from racefuzz import __version__
+from racefuzz.backends import BACKENDS
+from racefuzz.commands import ParserFactory, argtypes
 from racefuzz.designs import Design, label, load_design, raise_hook_error
 from racefuzz.errors import InvalidArgument, UserCodeError
 from racefuzz.exitcodes import ExitCode
-from racefuzz.outputs import check_output_dir, check_output_file, fallback_dir, write_text
+from racefuzz.outputs import DEFAULT_REPORT_DIR, check_output_dir, check_output_file, fallback_dir, write_text
 from racefuzz.progress import progress
 from racefuzz.scenarios import Scenario, check_hazards, get_scenario
+from racefuzz.schedulers import STRATEGIES
 from racefuzz.watchdog import (
     StopRequested,
     WatchedExecutor,
@@ -35,6 +38,94 @@ from racefuzz.watchdog import (
 
 DEFAULT_DATABASE = ".hypothesis/examples"
 """Where `racefuzz run` keeps failures by default: Hypothesis' own default example database directory."""
+
+SCENARIO_HELP = (
+    "built-in scenario name (e.g. vllm-kv-reuse) or module:attr (default: the design's, else sglang-overlap)"
+)
+"""`--scenario`'s help, as `run` and `compare` give it."""
+
+
+def hazards_help() -> str:
+    """`--hazards`' help, as `run` and `compare` give it: the default scenario's hazards listed."""
+    scenario = get_scenario()
+    return (
+        f"comma-separated hazards of the scenario (default: all but the opt-in ones); for {scenario.name}: "
+        f"{','.join(scenario.hazards)}; opt-in, only when named: {','.join(scenario.opt_in_hazards)}"
+    )
+
+
+def add_parser(command: ParserFactory) -> None:
+    """Add the `run` subcommand through the CLI's subcommand factory."""
+    run = command("run", "search one design for races (with a negative control)")
+    run.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda if a GPU is usable, else sim")
+    run.add_argument("--scenario", default=None, help=SCENARIO_HELP)
+    run.add_argument(
+        "--design",
+        default=None,
+        help="built-in name, package.module:attr or path/to/file.py:attr (default: the scenario's default design, "
+        "global-war for sglang-overlap)",
+    )
+    plan = run.add_mutually_exclusive_group()
+    plan.add_argument(
+        "--plan-stream",
+        dest="plan_stream",
+        action="store_true",
+        default=None,
+        help="always run DFLASH decode prep on the plan stream",
+    )
+    plan.add_argument("--no-plan-stream", dest="plan_stream", action="store_false", help="never use the plan stream")
+    run.add_argument("--hazards", type=argtypes.hazard_list, default=None, help=hazards_help())
+    run.add_argument(
+        "--examples",
+        type=argtypes.examples,
+        default=2000,
+        help=f"examples to try, 1 to {argtypes.MAX_EXAMPLES:,} (default 2000)",
+    )
+    run.add_argument("--seed", type=argtypes.seed, default=0, help="Hypothesis seed, 0 to 2**32-1 (default 0)")
+    run.add_argument(
+        "--max-delays", type=argtypes.max_delays, default=4, help="delays per schedule, 0 to 64 (default 4)"
+    )
+    run.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="random",
+        help="schedule strategy: random (default), pct (PCT-style stream priorities), orders (forced orders of "
+        "racing pairs, gates, no spin), interleave (forced orders of any unordered launches), none",
+    )
+    run.add_argument(
+        "--repeat",
+        type=argtypes.repeat,
+        default=None,
+        help="runs a manifested race must reproduce in, 1 to 1000 (k of k; default 5 on cuda, 1 on sim)",
+    )
+    run.add_argument("--json", type=argtypes.path, help="write a JSON summary here (checked before the search)")
+    run.add_argument(
+        "--report-dir",
+        type=argtypes.path,
+        default=Path(DEFAULT_REPORT_DIR),
+        help=f"where replay files, reports and timelines go (default {DEFAULT_REPORT_DIR}/ in the current "
+        "directory; checked before the search)",
+    )
+    run.add_argument(
+        "--example-timeout",
+        type=argtypes.timeout,
+        default=argtypes.DEFAULT_EXAMPLE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"stop with exit code {int(ExitCode.TIMEOUT)} when one example (a design hook, a run) takes longer "
+        f"(default {argtypes.DEFAULT_EXAMPLE_TIMEOUT_S:g}); a hung hook or GPU kernel is abandoned",
+    )
+    run.add_argument("--strict", action="store_true", help="design lint findings are errors (exit 4), not warnings")
+    run.add_argument(
+        "--database",
+        default=None,
+        metavar="DIR|none|module:attr",
+        help="where failures are saved and tried first on the next run: a directory, none, or a Hypothesis "
+        "ExampleDatabase object (default $RACEFUZZ_DATABASE, else .hypothesis/examples)",
+    )
+    run.add_argument(
+        "--no-control", action="store_true", help="skip the negative control (the result can then not prove 'no race')"
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def example_database(spec: str | None):
