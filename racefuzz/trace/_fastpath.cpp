@@ -92,10 +92,18 @@ PyObject* user_source(PyFrameObject* frame) {
   Py_XINCREF(frame);
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
-    PyObject* known = PyDict_GetItem(library, reinterpret_cast<PyObject*>(code));
+    // Keyed by `id(code)`, as the recorder's caches are (a code object's own hash is recomputed per lookup).
+    PyObject* code_id = PyLong_FromVoidPtr(code);
+    if (code_id == nullptr) {
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      return nullptr;
+    }
+    PyObject* known = PyDict_GetItem(library, code_id);
     if (known == nullptr) {
       known = PyObject_CallOneArg(constant(CODE_IS_LIBRARY), reinterpret_cast<PyObject*>(code));
       if (known == nullptr) {
+        Py_DECREF(code_id);
         Py_DECREF(code);
         Py_DECREF(frame);
         return nullptr;
@@ -104,7 +112,8 @@ PyObject* user_source(PyFrameObject* frame) {
     }
     if (known == Py_False) {
       int lasti = PyFrame_GetLasti(frame);  // what Python's `frame.f_lasti` is (bytes)
-      PyObject* key = Py_BuildValue("(Oi)", code, lasti);
+      PyObject* key = Py_BuildValue("(Oi)", code_id, lasti);
+      Py_DECREF(code_id);
       Py_DECREF(code);
       if (key == nullptr) {
         Py_DECREF(frame);
@@ -120,6 +129,7 @@ PyObject* user_source(PyFrameObject* frame) {
       Py_DECREF(frame);
       return source;
     }
+    Py_DECREF(code_id);
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(frame);

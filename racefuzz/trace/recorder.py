@@ -62,16 +62,20 @@ this many (a slower clock makes the spin longer, which is harmless for a delay).
 
 _MACHINERY = frozenset(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    for name in ("recorder.py", "capture.py", "env.py", "annotations.py", "search.py")
+    for name in ("recorder.py", "capture.py", "env.py", "annotations.py", "search.py", "torch_patches.py")
 )
 _LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
 _IS_LIBRARY: dict[str, bool] = {}
 _SHOWN: dict[str, str] = {}
-_LIBRARY_CODE: dict[Any, bool] = {}
-_SOURCES: dict[tuple[Any, int], str] = {}
+_LIBRARY_CODE: dict[int, bool] = {}
+_SOURCES: dict[tuple[int, int], str] = {}
+_CODES: list[Any] = []
 """`user_source`'s caches: whether a code object is the recorder's, torch's, Triton's or Hypothesis's, and
 the formatted `file:line (function)` of a (code object, bytecode offset): one source line is formatted once,
-not once per op (both bounded by the step's code, as its call sites are)."""
+not once per op (both bounded by the step's code, as its call sites are). Keyed by `id(code)`, not by the
+code object: a code object's hash is computed from its bytecode, constants and names at every lookup
+(microseconds for a long step function, several lookups an op); `_CODES` holds every code object the
+caches know, so that no other object can take its id."""
 
 
 def _is_library(filename: str) -> bool:
@@ -88,11 +92,11 @@ def user_source(skip: int = 2) -> str:
     library = _LIBRARY_CODE
     while frame is not None:
         code = frame.f_code
-        known = library.get(code)
+        known = library.get(id(code))
         if known is None:
             known = _code_is_library(code)
         if not known:
-            source = _SOURCES.get((code, frame.f_lasti))
+            source = _SOURCES.get((id(code), frame.f_lasti))
             return _frame_source(frame) if source is None else source
         frame = frame.f_back
     return ""
@@ -100,14 +104,16 @@ def user_source(skip: int = 2) -> str:
 
 def _code_is_library(code: Any) -> bool:
     """Whether `code` is the recorder's, torch's, Triton's or Hypothesis's (cached; the fast path calls it too)."""
-    known = _LIBRARY_CODE[code] = _is_library(code.co_filename)
+    _CODES.append(code)
+    known = _LIBRARY_CODE[id(code)] = _is_library(code.co_filename)
     return known
 
 
 def _frame_source(frame: Any) -> str:
-    """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too)."""
+    """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too,
+    as `user_source` does: for a code object `_code_is_library` has seen)."""
     code = frame.f_code
-    source = _SOURCES[(code, frame.f_lasti)] = _format_source(code, frame.f_lineno)
+    source = _SOURCES[(id(code), frame.f_lasti)] = _format_source(code, frame.f_lineno)
     return source
 
 

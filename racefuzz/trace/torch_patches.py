@@ -41,23 +41,43 @@ _ABSENT = object()
 
 
 class _Patches:
-    """One set of patches, installed while at least one recording that needs it is on."""
+    """One set of patches, installed while at least one recording that needs it is on.
+
+    Made once and reinstalled as made (a CPU recording's stream API is some twenty functions and classes,
+    whose making cost a recording more than its launches did), for as long as each patched attribute holds,
+    when the set goes in again, what it held when the patches were made (they call torch's originals they
+    closed over); else made afresh."""
 
     def __init__(self, install: Any) -> None:
         self.install = install
         self.depth = 0
         self.originals: list[tuple[Any, str, Any]] = []
         """`(owner, name, what owner.__dict__ had before, or _ABSENT)` of each installed patch."""
+        self.made: list[tuple[Any, str, Any, Any]] = []
+        """`(owner, name, patch, what owner.__dict__ had when it was made)` of each patch of the set."""
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        self.originals.append((owner, name, vars(owner).get(name, _ABSENT)))
+        before = vars(owner).get(name, _ABSENT)
+        self.originals.append((owner, name, before))
+        self.made.append((owner, name, value, before))
         setattr(owner, name, value)
+
+    def _reinstall(self) -> bool:
+        """Install the patches as made, if every attribute holds what it held then; else install nothing."""
+        made = self.made
+        if not made or any(vars(owner).get(name, _ABSENT) is not before for owner, name, _, before in made):
+            return False
+        for owner, name, value, before in made:
+            self.originals.append((owner, name, before))
+            setattr(owner, name, value)
+        return True
 
     @contextlib.contextmanager
     def on(self) -> Iterator[None]:
-        if self.depth == 0:
+        if self.depth == 0 and not self._reinstall():
             import torch
 
+            self.made = []
             self.install(self, torch)
         self.depth += 1
         try:
