@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def _short(source: str) -> str:
+def short_source(source: str) -> str:
     """`file:line (function)` with the file shortened to its path from `sglang/` (or `racefuzz/`)."""
     text = os.sep + source
     at = text.find(f"{os.sep}racefuzz{os.sep}engines{os.sep}")
@@ -38,7 +38,7 @@ def race_json(
     a, b = race.first, race.second
 
     def access(launch: Any) -> dict[str, Any]:
-        source = _short(launch.source)
+        source = short_source(launch.source)
         described = {"kernel": launch.kernel, "stream": launch.stream, "source": source}
         if launch.kernel == "attention_kv_indices":
             site = caller_chain(read_sites, launch.index)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             out["control_switch"] = "_apply_war_barrier's flag off (is_cuda() is True)"
         sys.path.insert(0, args.python_dir)
         os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
-        version = _version(args.python_dir)
+        version = source_version(args.python_dir)
         if version == "unknown" and args.sglang_version:
             version = args.sglang_version
         out["version"] = version
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _version(python_dir: str) -> str:
+def source_version(python_dir: str) -> str:
     """The sources' version: `sglang/_version.py` (a wheel's, generated at build), else `unknown` (a
     checkout: the parent passes `--sglang-version`)."""
     import re
