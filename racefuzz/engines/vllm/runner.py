@@ -328,11 +328,10 @@ def build_runner(workload: Workload, device: Any, control: bool) -> Any:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     single_process_groups()
-    if device.type == "cpu":
-        watch_pinned_numpy_writes()
-    if device.type == "cpu":
+    if device.type == "cpu":  # the only device the harness drives (docs/vllm.md, Limits)
         from vllm.v1.worker import block_table
 
+        watch_pinned_numpy_writes()
         block_table._COMPUTE_SLOT_MAPPING_KERNEL = SlotMappingKernel()
 
     class HarnessRunner(GPUModelRunner):  # type: ignore[misc, valid-type]
