@@ -74,6 +74,8 @@ def loop_step(python_dir: str, sgl: Any, adapter: Any, barrier: bool, read_done:
 
 def search_json(result: Any, started: float) -> dict[str, Any]:
     """A workload search's findings (`TraceResult` with `workloads`) as the parent reads them."""
+    from racefuzz.engines.sglang.harness import short_source
+
     search = result.workloads
     found: dict[str, Any] = {
         "racy": bool(result.racy),
@@ -91,15 +93,9 @@ def search_json(result: Any, started: float) -> dict[str, Any]:
             shrink_capped=search.shrink_capped,
             confirmed=search.confirmed,
             confirm_runs=search.confirm_runs,
-            race_key=[search.race[0], *(_short(source) for source in search.race[1:])],
+            race_key=[search.race[0], *(short_source(source) for source in search.race[1:])],
         )
     return found
-
-
-def _short(source: str) -> str:
-    from racefuzz.engines.sglang.harness import _short as short
-
-    return short(source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         from racefuzz.commands.run import example_database
         from racefuzz.engines.sglang import stubs
         from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
-        from racefuzz.engines.sglang.harness import _version, run_version
+        from racefuzz.engines.sglang.harness import run_version, source_version
         from racefuzz.search.corpus import WorkloadCorpus, workload_corpus_key
         from racefuzz.trace.search import fuzz
 
@@ -134,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         out["device"] = "cpu"
         sys.path.insert(0, args.python_dir)
         os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
-        version = _version(args.python_dir)
+        version = source_version(args.python_dir)
         if version == "unknown" and args.sglang_version:
             version = args.sglang_version
         out["version"] = version
