@@ -69,6 +69,13 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
     parser.add_argument(
+        "--max-output",
+        type=int,
+        default=6,
+        help="with --workload drawn: the longest output drawn, in tokens (default 6; DFLASH's over-allocation "
+        "needs rows decoding together for several steps)",
+    )
+    parser.add_argument(
         "--read-done",
         choices=("none", "after", "before"),
         default="none",
@@ -135,6 +142,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
         raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
+    if not 1 <= getattr(args, "max_output", 6) <= 64:
+        raise InvalidArgument(f"--max-output must be 1 to 64, got {args.max_output}")
     if args.manifest is not None and (args.manifest < 0 or args.manifest > 10_000):
         raise InvalidArgument(f"--manifest must be 0 to 10000, got {args.manifest}")
     if args.jobs < 1 or args.jobs > MAX_JOBS:
@@ -156,7 +165,7 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
 
         return search_command(args, device)
     workloads = with_spec(
-        workloads_for(args.workload, args.examples, args.seed),
+        workloads_for(args.workload, args.examples, args.seed, getattr(args, "max_output", 6)),
         spec,
         plan_stream,
         getattr(args, "attention", "flashinfer"),
@@ -212,7 +221,7 @@ def _pack(args: argparse.Namespace) -> ExitCode:
     return ExitCode.CLEAN
 
 
-def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict[str, Any]]:
+def workloads_for(workload: str, examples: int = 10, seed: int = 0, max_output: int = 6) -> list[dict[str, Any]]:
     """`--workload`'s value as the harness's workload list: `fixed`, `drawn` (`examples` of them from
     `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
     from racefuzz.engines.sglang.workload import FIXED, Workload
@@ -220,7 +229,7 @@ def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict
     if workload == "fixed":
         return [FIXED.to_json()]
     if workload == "drawn":
-        return [w.to_json() for w in draw_workloads(examples, seed)]
+        return [w.to_json() for w in draw_workloads(examples, seed, max_output)]
     path = Path(workload)
     if not path.is_file():
         raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {workload!r}")
@@ -266,7 +275,7 @@ def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def draw_workloads(count: int, seed: int) -> list[Any]:
+def draw_workloads(count: int, seed: int, max_output: int = 6) -> list[Any]:
     """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
     (fewer only if twice as many draws did not find that many)."""
     import contextlib
@@ -290,7 +299,7 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
         suppress_health_check=list(HealthCheck),
         phases=(Phase.generate,),
     )
-    @given(workloads())
+    @given(workloads(max_output=max_output))
     def collect(workload: Any) -> None:
         if len(drawn) >= count:
             raise Enough

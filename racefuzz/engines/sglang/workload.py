@@ -115,12 +115,12 @@ FIXED = Workload(
 )
 
 
-def workloads(max_requests: int = 4) -> Any:
+def workloads(max_requests: int = 4, max_output: int = 6) -> Any:
     """A Hypothesis strategy of `Workload`s: 1..max_requests requests, arrivals 0..4, prompts 1..40
-    tokens, outputs 1..6 tokens, 1..3 pool rows (fewer rows than requests forces row reuse)."""
+    tokens, outputs 1..max_output tokens, 1..3 pool rows (fewer rows than requests forces row reuse)."""
     from hypothesis import strategies as st
 
-    request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, 6))
+    request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output))
 
     def build(spec: tuple[list[tuple[int, int, int]], int]) -> Workload:
         items, rows = spec
