@@ -399,6 +399,49 @@ def run(versions: Sequence[str], examples: int, seed: int) -> dict[str, Any]:
     return figures
 
 
+MODEL_OPTIONS = ("sglang_admission", "lifo_rows", "skip_finishing_decode", "filter_finished_each_step")
+"""The model's `Workload` fields that follow sglang's code (docs/model-fidelity.md, "Disagreements found")."""
+
+
+def ablation(figures: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    """From a run's figures (`run`): per model option and version, how many of the control's comparisons
+    would disagree with that option alone turned off (model only: the real runs are the recorded ones);
+    None where the version's mapping has it off already."""
+    from dataclasses import replace
+
+    table: dict[str, dict[str, int | None]] = {}
+    for option in MODEL_OPTIONS:
+        for version in figures["versions"]:
+            entry = figures["results"][version]
+            count: int | None = 0
+            for c in entry.get("comparisons", []):
+                mapped = to_model_workload(HarnessWorkload.from_json(c["workload"]), version)
+                if not getattr(mapped, option):
+                    count = None
+                    break
+                if not c["barrier"]:
+                    rows = model_rows(replace(mapped, **{option: False}), CONTROL_DESIGN)
+                    count += {str(row) for row in rows} != set(c["real"])
+            table.setdefault(option, {})[version] = count
+    return table
+
+
+def render_ablation(table: dict[str, dict[str, int | None]]) -> str:
+    versions = list(next(iter(table.values())))
+    lines = [
+        "control comparisons that disagree with one model option turned off (the others as mapped; off: the"
+        " version's mapping has it off)",
+        "",
+        "| option off | " + " | ".join(versions) + " |",
+        "|---|" + "---|" * len(versions),
+    ]
+    lines += [
+        f"| `{option}` | " + " | ".join("off" if row[v] is None else str(row[v]) for v in versions) + " |"
+        for option, row in table.items()
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ci.bench.model_vs_sglang", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -407,8 +450,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=50, help="drawn workloads per version (default 50)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument(
+        "--ablate", type=Path, metavar="JSON", help="instead: the ablation table of a run's --json (no sglang runs)"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.ablate is not None:
+            try:
+                figures = json.loads(args.ablate.read_text())
+            except (OSError, ValueError) as exc:
+                raise InvalidArgument(f"--ablate {args.ablate}: {exc}") from None
+            print(render_ablation(ablation(figures)))
+            return ExitCode.CLEAN
         if not 1 <= args.examples <= 10_000:
             raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
         if not args.versions:
