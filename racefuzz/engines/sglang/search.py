@@ -42,12 +42,18 @@ REPLAY_KIND = "sglang"
 """The replay file's `kind` (`racefuzz.report.FORMAT`'s files are told apart by it)."""
 
 
-def strategy(spec: str = "none", plan_stream: bool = False, attention: str = "flashinfer", radix_cache: bool = True):
-    """`workload.workloads()`, each workload under the run's speculative decoding, read extent and radix
-    cache (`racefuzz sglang --spec/--plan-stream/--attention/--no-radix-cache`)."""
+def strategy(
+    spec: str = "none",
+    plan_stream: bool = False,
+    attention: str = "flashinfer",
+    radix_cache: bool = True,
+    max_output: int = 6,
+) -> Any:
+    """`workload.workloads(max_output=...)`, each workload under the run's speculative decoding, read extent
+    and radix cache (`racefuzz sglang --spec/--plan-stream/--attention/--no-radix-cache/--max-output`)."""
     from racefuzz.engines.sglang.workload import workloads
 
-    drawn = workloads()
+    drawn = workloads(max_output=max_output)
     if spec == "none" and attention == "flashinfer" and radix_cache:
         return drawn
     return drawn.map(lambda w: w.with_spec(spec, plan_stream, attention, radix_cache))
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-stream", action="store_true")
     parser.add_argument("--attention", choices=("flashinfer", "fa3"), default="flashinfer")
     parser.add_argument("--no-radix-cache", dest="radix_cache", action="store_false")
+    parser.add_argument("--max-output", type=int, default=6)
     parser.add_argument("--no-control", dest="control", action="store_false")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
     parser.add_argument("--traceback", action="store_true")
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         sgl = SimpleNamespace(
             server_args=adapter.server_args(None, spec=args.spec, radix_cache=args.radix_cache), device_module=None
         )
-        drawn = strategy(args.spec, args.plan_stream, args.attention, args.radix_cache)
+        drawn = strategy(args.spec, args.plan_stream, args.attention, args.radix_cache, args.max_output)
         options = dict(device="cpu", examples=args.examples, seed=args.seed, confirm=args.confirm)
         step = loop_step(args.python_dir, sgl, adapter, True, args.read_done)
         database = example_database(args.database)
@@ -211,12 +218,14 @@ def run_search(
     plan_stream: bool = False,
     attention: str = "flashinfer",
     radix_cache: bool = True,
+    max_output: int = 6,
     timeout: float = 900.0,
 ) -> dict[str, Any]:
     """One version's search subprocess (`main`) -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.sglang.search", "--python-dir", str(python_dir)]
     command += ["--examples", str(examples), "--seed", str(seed), "--read-done", read_done, "--spec", spec]
     command += ["--shrink-runs", str(shrink_runs), "--shrink-seconds", str(shrink_seconds), "--attention", attention]
+    command += ["--max-output", str(max_output)]
     if database is not None:
         command += ["--database", database]
     if plan_stream:
@@ -373,6 +382,7 @@ def search_command(args: argparse.Namespace, device: str) -> ExitCode:
             plan_stream=args.plan_stream,
             attention=args.attention,
             radix_cache=args.radix_cache,
+            max_output=getattr(args, "max_output", 6),
             timeout=args.timeout,
         )
         result["label"] = label
