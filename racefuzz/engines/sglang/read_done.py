@@ -73,10 +73,11 @@ class Case:
     `EAGLEDraftExtendCudaGraphRunner.execute`, on two runners: `reads` and `declared` are the draft's).
     `worker`: the sglang class whose `last_shared_read_runner` the scheduler asks. `staged`: the draft's
     reads are copied into its own buffers before the verify, and the worker's staged flag is set.
-    `declared`: the `SharedReadEnds` name the fake backend's `shared_read_ends` returns. `reads`: where the
-    fake backend reads `req_to_token` ("out_graph": its out-of-graph metadata init; "in_graph": its
-    in-graph metadata init, before the marker; "after_marker": a layer inside the graph, after the marker; "lazy_layer": an eager prefill's first layer, after the
-    publish). `spec`: the `SpeculativeAlgorithm` name. `expect`: "clean" or "race" (a control).
+    `declared`: the `SharedReadEnds` name the fake backend's `shared_read_ends` returns. `reads`: where the fake
+    backend reads `req_to_token` ("out_graph": its out-of-graph metadata init; "in_graph": its in-graph metadata
+    init, before the marker; "after_marker": a layer inside the graph, after the marker; "lazy_layer": an eager
+    prefill's first layer, after the publish). `spec`: the `SpeculativeAlgorithm` name. `expect`: "clean" or
+    "race" (a control).
     """
 
     name: str
