@@ -1,10 +1,13 @@
 """`racefuzz vllm`: run vLLM's own `GPUModelRunner` (its input preparation, async output path and
-`prepare_inputs_event`) on a fake model under `racefuzz.trace` on the CPU, version by version, and judge it
-by happens-before (`racefuzz.engines.vllm`, docs/vllm.md).
+`prepare_inputs_event`) on a fake model under `racefuzz.trace`, on the CPU or a GPU, version by version,
+and judge it by happens-before (`racefuzz.engines.vllm`, docs/vllm.md).
 
     racefuzz vllm --version 0.33.0                 # a fetched version (`racefuzz vllm fetch`)
+    racefuzz vllm --version 0.33.0 --device cuda   # on a GPU: torch.cuda's streams, real pinned memory
     racefuzz vllm --source ~/vllm                  # a checkout (the directory holding vllm/)
     racefuzz vllm fetch --version 0.33.0           # pip download the wheel, unpack its sources
+    racefuzz vllm pack --version 0.33.0 --out v.tar.gz          # a slim archive (for an offline GPU host)
+    racefuzz vllm fetch --version 0.33.0 --archive v.tar.gz     # unpack such an archive into the cache
 
 Each version runs in its own subprocess, per workload twice: with `prepare_inputs_event` as the version
 has it, and the negative control (async scheduling, the event's synchronize a no-op). Exit codes as the
@@ -32,7 +35,7 @@ DEFAULT_TIMEOUT_S = 900.0
 def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Add the `vllm` subcommand through the CLI's subcommand factory."""
     parser = command("vllm", "run vLLM's own GPUModelRunner (a fake model) under racefuzz.trace")
-    parser.add_argument("action", nargs="?", choices=("run", "fetch"), default="run", help="default: run")
+    parser.add_argument("action", nargs="?", choices=("run", "fetch", "pack"), default="run", help="default: run")
     parser.add_argument(
         "--version", dest="versions", action="append", default=[], metavar="X", help="a vLLM version (repeatable)"
     )
@@ -49,8 +52,21 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
     parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
     parser.add_argument(
-        "--device", choices=("cpu",), default="cpu", help="cpu (virtual streams; the only device this harness drives)"
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="cpu (virtual streams), cuda (torch.cuda's streams and events, real pinned memory), auto (cuda if "
+        "torch sees one)",
     )
+    parser.add_argument(
+        "--slot-mapping",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="torch: the slot-mapping kernel restated in torch ops (default; the only one on the CPU); vllm: the "
+        "version's own Triton kernel (--device cuda)",
+    )
+    parser.add_argument("--archive", type=Path, help="fetch: unpack this `vllm pack` archive instead of pip")
+    parser.add_argument("--out", type=Path, help="pack: the .tar.gz to write")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
 
 
@@ -62,9 +78,23 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
     if args.action == "fetch":
         if not args.versions:
             raise InvalidArgument("racefuzz vllm fetch needs --version X (repeatable)")
+        if args.archive is not None and len(args.versions) != 1:
+            raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
+        if args.archive is not None and not args.archive.is_file():
+            raise InvalidArgument(f"fetch --archive: no file {args.archive}")
         for version in args.versions:
-            print(f"vllm {version}: {sources.fetch(version)}")
+            path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
+            print(f"vllm {version}: {path}")
         return ExitCode.CLEAN
+    if args.action == "pack":
+        if args.out is None or (len(args.versions) != 1) == (args.source is None):
+            raise InvalidArgument("racefuzz vllm pack needs one --version X or --source DIR, and --out FILE.tar.gz")
+        out, count, size = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
+        print(f"{out}: {count} files, {size / 1e6:.1f} MB of .py, {out.stat().st_size / 1e6:.1f} MB archived")
+        return ExitCode.CLEAN
+    device = resolve_device(args.device)
+    if args.slot_mapping == "vllm" and device != "cuda":
+        raise InvalidArgument("--slot-mapping vllm needs --device cuda (Triton does not run on the CPU)")
     if not args.versions and args.source is None:
         raise InvalidArgument("racefuzz vllm needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
@@ -77,7 +107,7 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
         targets.append((version, sources.locate(version=version), version))
     results = []
     for label, python_dir, version_hint in targets:
-        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout)
+        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout, device, args.slot_mapping)
         result["label"] = label
         results.append(result)
         print(format_result(result))
@@ -131,11 +161,33 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     return drawn[:count]
 
 
+def resolve_device(device: str) -> str:
+    """`cpu` / `cuda` as asked (`cuda` without a CUDA device is an `InvalidArgument`); `auto`: `cuda` if
+    torch sees one, else `cpu`."""
+    if device == "cpu":
+        return device
+    import torch
+
+    available = bool(torch.cuda.is_available())
+    if device == "auto":
+        return "cuda" if available else "cpu"
+    if not available:
+        raise InvalidArgument("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    return device
+
+
 def run_harness(
-    python_dir: Path, workloads: list[dict[str, Any]], control: bool, version: str | None, timeout: float
+    python_dir: Path,
+    workloads: list[dict[str, Any]],
+    control: bool,
+    version: str | None,
+    timeout: float,
+    device: str = "cpu",
+    slot_mapping: str = "torch",
 ) -> dict[str, Any]:
-    """One version's harness subprocess (`racefuzz.engines.vllm.harness`) -> its JSON result."""
+    """One version's harness subprocess (`racefuzz.engines.vllm.harness`) on `device` -> its JSON result."""
     command = [sys.executable, "-m", "racefuzz.engines.vllm.harness", "--python-dir", str(python_dir)]
+    command += ["--device", device, "--slot-mapping", slot_mapping]
     for workload in workloads:
         command += ["--workload", json.dumps(workload)]
     if not control:
@@ -186,7 +238,9 @@ def format_result(result: dict[str, Any]) -> str:
     controls = [run for run in runs if run["control"]]
     races = [race for run in checked for race in run["races"]]
     lines = [
-        f"vllm {label} (version {result.get('version')}): {len(checked)} workload(s), "
+        f"vllm {label} (version {result.get('version')}, {result.get('device', 'cpu')}"
+        f"{', ' + result['gpu'] if result.get('gpu') else ''}, slot mapping {result.get('slot_mapping', 'torch')}): "
+        f"{len(checked)} workload(s), "
         f"{sum(r['steps'] for r in checked)} engine steps, {sum(r['forwards'] for r in checked)} forwards, "
         f"{sum(r['host_accesses'] for r in checked)} host accesses recorded; imports {result.get('import_seconds')} s, "
         f"total {result.get('seconds')} s",

@@ -26,13 +26,15 @@ def run_runner(
     examples: int = 10,
     seed: int = 0,
     timeout: float = 900.0,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """The harness's result for a source tree or a fetched version (see `racefuzz vllm`)."""
-    from racefuzz.commands.vllm import run_harness, workloads_for
+    """The harness's result for a source tree or a fetched version on `device` (`cpu`, `cuda`, `auto`;
+    see `racefuzz vllm`)."""
+    from racefuzz.commands.vllm import resolve_device, run_harness, workloads_for
     from racefuzz.engines.vllm import sources
 
     path = sources.locate(version=version, source=source)
-    return run_harness(path, workloads_for(workload, examples, seed), True, version, timeout)
+    return run_harness(path, workloads_for(workload, examples, seed), True, version, timeout, resolve_device(device))
 
 
 def assert_runner_race_free(source: str | Path | None = None, version: str | None = None, **options: Any) -> dict:

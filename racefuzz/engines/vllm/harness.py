@@ -1,9 +1,16 @@
 """The harness's subprocess: load one vLLM version's sources, run its `GPUModelRunner` (made by its own
-`__init__`) through vLLM's engine-core step order on a workload under `racefuzz.trace` (CPU, virtual
-streams, happens-before), with `prepare_inputs_event` as the version has it and, as the negative control,
-the same workload under async scheduling with the event's `synchronize` a no-op; print one JSON object.
+`__init__`) through vLLM's engine-core step order on a workload under `racefuzz.trace` (happens-before),
+with `prepare_inputs_event` as the version has it and, as the negative control, the same workload under
+async scheduling with the event's `synchronize` a no-op; print one JSON object.
 
     python -m racefuzz.engines.vllm.harness --python-dir DIR [--workload JSON] [--no-control]
+        [--device cpu|cuda] [--slot-mapping torch|vllm] [--list-imports]
+
+`--device cpu` (virtual streams): the host/device split is `host_memory.HostTensors`'s. `--device cuda`
+(docs/vllm.md, "On a GPU"): torch.cuda's own streams and events, the runner's pinned buffers really pinned
+(the recorder records a pinned CPU tensor's ops as the host's), Triton real. `--list-imports`: the result
+also lists the version's files the run imported (`imported`, relative to the python dir: what
+`sources.pack` puts in a slim archive).
 
 One version per process (vLLM's modules are imported by their own names). Stubs first (`stubs.install`).
 """
@@ -11,6 +18,7 @@ One version per process (vLLM's modules are imported by their own names). Stubs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -39,8 +47,10 @@ def race_json(race: Any) -> dict[str, Any]:
     }
 
 
-def run_workload(workload: Any, control: bool) -> dict[str, Any]:
-    """One recorded run of the runner on `workload` (`control`: the event's synchronize a no-op)."""
+def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping: str = "torch") -> dict[str, Any]:
+    """One recorded run of the runner on `workload` (`control`: the event's synchronize a no-op) on
+    `device` (`cpu`: virtual streams, the device `cpu:0`; `cuda`: the GPU `cuda:0`), the slot mapping by
+    `slot_mapping` (`torch`: `runner.SlotMappingKernel`; `vllm`: the version's own Triton kernel, GPU only)."""
     import torch
 
     from racefuzz.engines.vllm import runner as vllm_runner
@@ -49,17 +59,20 @@ def run_workload(workload: Any, control: bool) -> dict[str, Any]:
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
+    target = torch.device(device, 0)
 
     def step(env: Any) -> None:
-        with HostTensors().recorded(), vllm_runner.device_generic_events():
-            runner = vllm_runner.build_runner(workload, torch.device("cpu", 0), control)
+        # On a GPU the recorder tells host from device itself (a pinned CPU tensor's op is the host's).
+        host = HostTensors().recorded() if device == "cpu" else contextlib.nullcontext()
+        with host, vllm_runner.device_generic_events():
+            runner = vllm_runner.build_runner(workload, target, control, slot_mapping)
             vllm_runner.name_buffers(env, runner)
             # The engine's init ends with the device idle (profiling and warmup synchronize it).
             env.synchronize()
             holder["run"] = vllm_runner.run_loop(runner, workload)
 
     began = time.perf_counter()
-    record = run_once(step, "cpu")
+    record = run_once(step, device)
     races = find_trace_races(record.trace)
     run = holder["run"]
     return {
@@ -75,10 +88,11 @@ def run_workload(workload: Any, control: bool) -> dict[str, Any]:
     }
 
 
-def no_pinned_memory() -> None:
-    """No pinned allocator on a CPU-only torch: vLLM's own switch for that case, set before the modules
-    that import it by name (`vllm.utils.torch_utils.PIN_MEMORY` in 0.1x-0.33, `vllm.utils.
-    is_pin_memory_available()` read in `GPUModelRunner.__init__` before)."""
+def set_pinned_memory(available: bool) -> None:
+    """vLLM's own switch for pinned memory, set before the modules that import it by name
+    (`vllm.utils.torch_utils.PIN_MEMORY` in 0.1x-0.33, `vllm.utils.is_pin_memory_available()` read in
+    `GPUModelRunner.__init__` before): off on the CPU (a CPU-only torch has no pinned allocator), on on a
+    GPU (what vLLM decides there; the platform the harness pins, `pin_platform`, would not be asked)."""
     import importlib
 
     import vllm.utils
@@ -88,10 +102,31 @@ def no_pinned_memory() -> None:
     except ModuleNotFoundError:
         torch_utils = None
     if torch_utils is not None and hasattr(torch_utils, "PIN_MEMORY"):
-        torch_utils.PIN_MEMORY = False
+        torch_utils.PIN_MEMORY = available
     for module in (vllm.utils, torch_utils):
         if module is not None and hasattr(module, "is_pin_memory_available"):
-            module.is_pin_memory_available = lambda: False
+            module.is_pin_memory_available = lambda: available
+
+
+def pin_platform() -> str:
+    """`vllm.platforms.current_platform` as the CPU run resolves it, on either device: vLLM's
+    `UnspecifiedPlatform` (no platform plugin activates without vLLM's compiled extensions). On a GPU
+    host vLLM's CUDA plugin would activate (its NVML probe finds the GPU) and `vllm.platforms.cuda` imports
+    `vllm._C_stable_libtorch` (0.33.0 platforms/cuda.py), a compiled extension the sources lack; the
+    runner is given its device explicitly and needs no platform. Returns the platform's class name."""
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    if getattr(platforms, "_current_platform", None) is None:
+        platforms._current_platform = UnspecifiedPlatform()
+    return type(platforms.current_platform).__name__
+
+
+def imported_files(python_dir: str) -> list[str]:
+    """The version's files the process has imported, relative to `python_dir`, sorted."""
+    root = os.path.abspath(python_dir) + os.sep
+    files = {getattr(module, "__file__", None) for name, module in list(sys.modules.items()) if name.startswith("vllm")}
+    return sorted(os.path.relpath(f, root) for f in files if f and os.path.abspath(f).startswith(root))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--traceback", action="store_true")
     parser.add_argument("--vllm-version", help="the version of a checkout without vllm/_version.py")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--slot-mapping", choices=("torch", "vllm"), default="torch")
+    parser.add_argument("--list-imports", action="store_true")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
     began = time.perf_counter()
@@ -109,25 +147,35 @@ def main(argv: list[str] | None = None) -> int:
         from racefuzz.engines.vllm.workload import FIXED, Workload
 
         workloads = [Workload.from_json(json.loads(text)) for text in args.workload] or [FIXED]
-        out["stubbed"] = stubs.install()
-        out["device"] = "cpu"
+        if args.slot_mapping == "vllm" and args.device != "cuda":
+            raise ValueError("--slot-mapping vllm needs --device cuda (Triton does not run on the CPU)")
+        out["stubbed"] = stubs.install() if args.device == "cpu" else stubs.install(force=())
+        out["device"] = args.device
+        out["slot_mapping"] = args.slot_mapping
+        if args.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+            out["gpu"] = torch.cuda.get_device_name(0)
         sys.path.insert(0, args.python_dir)
         version = _version(args.python_dir)
         out["version"] = version if version != "unknown" or not args.vllm_version else args.vllm_version
         import_began = time.perf_counter()
-        no_pinned_memory()
+        out["platform"] = pin_platform()
+        set_pinned_memory(args.device == "cuda")
         import vllm.v1.worker.gpu_model_runner  # noqa: F401
 
         out["import_seconds"] = round(time.perf_counter() - import_began, 3)
         out["runs"] = []
         for workload in workloads:
-            run = run_workload(workload, control=False)
+            run = run_workload(workload, False, args.device, args.slot_mapping)
             run["workload"] = workload.describe()
             out["runs"].append(run)
             if not args.no_control:
                 # The control needs the event, which exists only under async scheduling.
                 controlled = replace(workload, async_scheduling=True)
-                run = run_workload(controlled, control=True)
+                run = run_workload(controlled, True, args.device, args.slot_mapping)
                 run["workload"] = controlled.describe()
                 out["runs"].append(run)
         from racefuzz.engines.vllm.fake_model import FakeModelConfig, FakeVllmConfig
@@ -135,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         out["defaulted_to_none"] = sorted(
             [f"model_config.{n}" for n in FakeModelConfig.asked] + [f"vllm_config.{n}" for n in FakeVllmConfig.asked]
         )
+        if args.list_imports:
+            out["imported"] = imported_files(args.python_dir)
         out["status"] = "ok"
     except Exception as exc:  # reported as one line by the parent; the traceback with --traceback
         out["status"] = "error"

@@ -13,8 +13,9 @@ real `Sampler`, `_bookkeeping_sync`, `AsyncGPUModelRunnerOutput`'s D2H copy on i
 
 Faked: the scheduler (`FakeScheduler`: it builds vLLM's own `SchedulerOutput` / `NewRequestData` /
 `CachedRequestData` from a workload, with its own block allocator instead of vLLM's `KVCacheManager`), the
-model, the attention backend, and the slot-mapping Triton kernel on the CPU (`SlotMappingKernel`, the
-same arithmetic in torch ops: Triton does not run on the CPU).
+model, the attention backend, and the slot-mapping Triton kernel on the CPU and by default on a GPU
+(`SlotMappingKernel`, the same arithmetic in torch ops: Triton does not run on the CPU; a GPU run keeps
+the version's own kernel with `--slot-mapping vllm`).
 """
 
 from __future__ import annotations
@@ -252,6 +253,21 @@ class SlotMappingKernel:
         slot_mapping[num_tokens:max_num_tokens].fill_(-1)
 
 
+def annotate_slot_mapping_kernel() -> None:
+    """The read and write sets of the version's `@triton.jit` slot-mapping kernel (0.33.0
+    v1/worker/block_table.py: `ComputeSlotMappingKernel.kernel`; 0.10.2 and 0.11.0 compute the slot mapping
+    on the host, `BlockTable.compute_slot_mapping`, and launch no kernel): it reads the query start
+    locations, the positions and the block table, and writes only the slot mapping (the default would have
+    it write every argument)."""
+    from racefuzz.trace.annotations import WHOLE, annotate
+
+    annotate(
+        "kernel",
+        reads={"query_start_loc_ptr": WHOLE, "positions_ptr": WHOLE, "block_table_ptr": WHOLE},
+        writes={"slot_mapping_ptr": WHOLE},
+    )
+
+
 def watch_pinned_numpy_writes() -> None:
     """Every `CpuGpuBuffer` made from here on gets a `HostArray` as its `np` (`host_memory.py`): the host's
     NumPy writes to the pinned half become recorded host accesses (CPU runs; on a GPU too they dispatch no
@@ -321,21 +337,30 @@ def single_process_groups() -> None:
             setattr(parallel_state, name, group)
 
 
-def build_runner(workload: Workload, device: Any, control: bool) -> Any:
+def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: str = "torch") -> Any:
     """vLLM's `GPUModelRunner` made by its own `__init__`, with the KV cache, attention group and model
     that `initialize_kv_cache` / `load_model` would set faked. `control` makes `prepare_inputs_event`'s
-    synchronize a no-op (needs async scheduling: the event exists only then)."""
+    synchronize a no-op (needs async scheduling: the event exists only then). `slot_mapping`: `torch`
+    replaces the version's Triton slot-mapping kernel by `SlotMappingKernel` (always on the CPU), `vllm`
+    keeps the version's own (a GPU; the recorder records its launch, `annotate_slot_mapping_kernel`)."""
+    from vllm.v1.worker import block_table
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     single_process_groups()
-    if device.type == "cpu":  # the only device the harness drives (docs/vllm.md, Limits)
-        from vllm.v1.worker import block_table
-
-        watch_pinned_numpy_writes()
-        block_table._COMPUTE_SLOT_MAPPING_KERNEL = SlotMappingKernel()
+    # The host's NumPy writes of pinned buffers dispatch no torch op on either device.
+    watch_pinned_numpy_writes()
+    if slot_mapping == "torch" or device.type == "cpu":
+        if hasattr(block_table, "_COMPUTE_SLOT_MAPPING_KERNEL"):
+            block_table._COMPUTE_SLOT_MAPPING_KERNEL = SlotMappingKernel()
+    else:
+        annotate_slot_mapping_kernel()
 
     class HarnessRunner(GPUModelRunner):  # type: ignore[misc, valid-type]
-        def _init_device_properties(self) -> None:  # torch.cuda.get_device_properties: no GPU on the CPU
+        def _init_device_properties(self) -> None:
+            if device.type == "cuda":
+                super()._init_device_properties()
+                return
+            # torch.cuda.get_device_properties: no GPU on the CPU
             self.device_properties = SimpleNamespace(multi_processor_count=1, name="racefuzz-cpu")
             self.num_sms = 1
 
@@ -343,8 +368,7 @@ def build_runner(workload: Workload, device: Any, control: bool) -> Any:
     runner.kv_cache_config = kv_cache_config(workload.num_blocks)
     runner.attn_groups = [[FakeAttentionGroup()]]
     runner.model = fake_model(workload.num_blocks, device)
-    if device.type == "cpu":
-        watch_input_batch_numpy_writes(runner.input_batch)
+    watch_input_batch_numpy_writes(runner.input_batch)
     if control:
         if runner.prepare_inputs_event is None:
             raise ValueError("the control needs async scheduling (prepare_inputs_event exists only then)")

@@ -5,12 +5,13 @@ In the harness's own subprocess only, a meta-path finder (`racefuzz.engines.sgla
 the same stub machinery, with vLLM's list of packages) answers every import of a stubbed package that is
 not installed with a stub module; a stubbed Triton kernel that is launched raises `StubCalled` naming it.
 Triton is always stubbed on the CPU (the harness replaces the one Triton kernel a step launches, the slot
-mapping: `runner.py`).
+mapping: `runner.py`); on a GPU it is real.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterable
 
@@ -117,13 +118,20 @@ def _settle_torch() -> None:
     import torch._inductor.select_algorithm  # noqa: F401
 
 
+FORCE_ENV = "RACEFUZZ_VLLM_STUB"
+"""Comma-separated packages to stub even when installed (ci/vllm_gpu.sh: light packages a bare GPU host
+lacks, stubbed on the CPU too in its dry run)."""
+
+
 def install(force: Iterable[str] = ("triton",)) -> list[str]:
     """Put a `StubFinder` first on `sys.meta_path` for every package of `STUBBED` not importable, and for
-    those in `force` even when installed; returns the stubbed names (sorted). Subprocess only."""
-    _settle_torch()
-    force = tuple(force)
+    those in `force` or `$RACEFUZZ_VLLM_STUB` even when installed; returns the stubbed names (sorted).
+    Subprocess only."""
+    force = tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
+    if "triton" in force:
+        _settle_torch()
     roots = []
-    for name in STUBBED:
+    for name in STUBBED + tuple(n for n in force if n not in STUBBED):
         if name in force:
             roots.append(name)
             continue

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# vLLM's own GPUModelRunner on a GPU host without network (racefuzz vllm --device cuda, docs/vllm.md).
+#
+# Run from the repository root, with what `racefuzz vllm pack` made here carried along in .carry/:
+#   .carry/vllm-X.tar.gz     one slim source archive per version (racefuzz vllm pack --version X --out ...)
+#   .carry/vllm-whl/*.whl    the packages vLLM's config and runner modules need real (a bare torch host lacks
+#                            them), at the versions the CPU CI runs:
+#       python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#           --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#           -d .carry/vllm-whl pydantic==2.13.4 pydantic_core==2.46.4 annotated_types==0.7.0 \
+#           typing_inspection==0.4.2 typing_extensions==4.15.0 msgspec==0.23.0 psutil==7.2.2 \
+#           cloudpickle==2.1.0 regex==2026.5.9 packaging==26.2
+# It unpacks the archives into a fresh cache, runs every carried version (prepare_inputs_event as the version
+# has it, and its control: the event's synchronize a no-op; the fixed workload), writes the JSON and the log
+# under $OUT, then runs tests/cuda/test_vllm_harness_gpu.py's checks on that JSON (no second harness run).
+# Exits with racefuzz vllm's code (1: a race in some version, as 0.10.2 has; 5: the harness failed).
+#   DEVICE=cpu ci/vllm_gpu.sh     the same on the CPU (a dry run of the script itself)
+#   STUB_ALL=1                    stub every light package below even where installed (a dry run as bare as
+#                                 the GPU host)
+#   VERSIONS="0.33.0"             only these of the carried versions
+#   SLOT_MAPPING=vllm             the version's own Triton slot-mapping kernel (GPU; default torch)
+#   ARGS="--workload drawn --examples 50"   more arguments to racefuzz vllm (then the checks, written for
+#                                 the fixed workload, are skipped); NAME names the outputs
+#   TIMEOUT=300 (seconds per version), OUT, CARRY, WHEELS, SITE, RACEFUZZ_VLLM_CACHE: where things go
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+SLOT_MAPPING=${SLOT_MAPPING:-torch}
+OUT=${OUT:-.racefuzz/vllm-$DEVICE}
+NAME=${NAME:-vllm-$DEVICE-$SLOT_MAPPING}
+read -r -a extra <<<"${ARGS:-}"
+CARRY=${CARRY:-.carry}
+WHEELS=${WHEELS:-$CARRY/vllm-whl}
+SITE=${SITE:-/tmp/racefuzz-vllm-site}
+export RACEFUZZ_VLLM_CACHE=${RACEFUZZ_VLLM_CACHE:-/tmp/racefuzz-vllm-cache}
+mkdir -p "$OUT" "$SITE" "$RACEFUZZ_VLLM_CACHE"
+
+# The carried wheels, into a directory of their own (no pip network: --no-index; without pip, a wheel is a
+# zip of its files).
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+    else
+        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
+    fi
+fi
+# The source tree first (an editable install needs its build backend, offline), then the wheels.
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONWARNINGS=ignore VLLM_LOGGING_LEVEL=ERROR
+"$PYTHON" -c "import pydantic, msgspec, psutil, cloudpickle, regex, packaging, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
+    || { echo "ci/vllm_gpu.sh: pydantic, msgspec, psutil, cloudpickle, regex or packaging missing (carry them in $WHEELS)" >&2; exit 2; }
+# Light packages vLLM imports at module level but the runner's step never calls, not in
+# racefuzz/engines/vllm/stubs.py's STUBBED: stubbed where absent (STUB_ALL=1: everywhere; 0.10.2 and 0.33.0
+# give the same verdicts on the CPU with all of them stubbed).
+light=PIL,requests,yaml,tqdm,dill,boto3,botocore,s3transfer,jmespath,scipy,dateutil,six,certifi,charset_normalizer,idna,urllib3,colorama,more_itertools,jaraco,backports
+if [ -n "${STUB_ALL:-}" ]; then
+    absent=$light
+else
+    absent=$("$PYTHON" -c "
+import importlib.util, sys
+print(','.join(n for n in sys.argv[1].split(',') if importlib.util.find_spec(n) is None))
+" "$light")
+fi
+export RACEFUZZ_VLLM_STUB="${RACEFUZZ_VLLM_STUB:+$RACEFUZZ_VLLM_STUB,}$absent"
+echo "stubbed besides STUBBED: ${absent:-none}"
+if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
+
+versions=()
+for archive in "$CARRY"/vllm-*.tar.gz; do
+    [ -e "$archive" ] || { echo "ci/vllm_gpu.sh: no $CARRY/vllm-X.tar.gz archives" >&2; exit 2; }
+    version=$(basename "$archive" .tar.gz)
+    version=${version#vllm-}
+    if [ -n "${VERSIONS:-}" ] && [[ " $VERSIONS " != *" $version "* ]]; then continue; fi
+    "$PYTHON" -m racefuzz vllm fetch --version "$version" --archive "$archive" || exit 2
+    versions+=("$version")
+done
+[ ${#versions[@]} -gt 0 ] || { echo "ci/vllm_gpu.sh: none of VERSIONS=$VERSIONS is carried" >&2; exit 2; }
+IFS=$'\n' versions=($(printf '%s\n' "${versions[@]}" | sort -V)); unset IFS
+args=()
+for version in "${versions[@]}"; do args+=(--version "$version"); done
+
+echo "racefuzz vllm --device $DEVICE --slot-mapping $SLOT_MAPPING ${args[*]} ${extra[*]}"
+start=$(date +%s)
+"$PYTHON" -m racefuzz vllm --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" "${args[@]}" "${extra[@]}" \
+    --timeout "${TIMEOUT:-300}" --json "$OUT/$NAME.json" 2>&1 | tee "$OUT/$NAME.log"
+rc=${PIPESTATUS[0]}
+echo "racefuzz vllm exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME.log"
+
+# A version the harness failed on: its traceback (the harness subprocess with --traceback).
+if [ -f "$OUT/$NAME.json" ]; then
+    failed=$("$PYTHON" -c "import json,sys; print(' '.join(r.get('label') or '' for r in json.load(open(sys.argv[1])) if r.get('status') != 'ok'))" "$OUT/$NAME.json")
+    for version in $failed; do
+        timeout "${TIMEOUT:-300}" "$PYTHON" -m racefuzz.engines.vllm.harness --python-dir "$RACEFUZZ_VLLM_CACHE/$version/python" \
+            --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" --vllm-version "$version" --no-control --traceback \
+            >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
+        "$PYTHON" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(r.get('traceback') or r.get('error'))" \
+            "$OUT/traceback-$version.json" || tail -20 "$OUT/traceback-$version.stderr"
+    done
+fi
+
+if [ -n "${ARGS:-}" ]; then
+    echo "checks skipped: they are written for the fixed workload (ARGS=$ARGS)" | tee "$OUT/$NAME.checks.log"
+    exit "$rc"
+fi
+# The GPU test's checks on this run's JSON, without pytest (as the CUDA test runs them).
+"$PYTHON" - "$OUT/$NAME.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/$NAME.checks.log"
+import json, runpy, sys
+checks = runpy.run_path("tests/cuda/test_vllm_harness_gpu.py")
+results = {r.get("label"): r for r in json.load(open(sys.argv[1]))}
+for version, check in (("0.10.2", "check_0_10_2"), ("0.33.0", "check_0_33_0")):
+    if version in results:
+        try:
+            checks[check](results[version], device=sys.argv[2])
+            print(f"{check}: passed")
+        except AssertionError as exc:
+            print(f"{check}: FAILED: {exc}")
+EOF
+
+if [ "$DEVICE" = cuda ]; then
+    RACEFUZZ_VLLM_GPU_JSON="$OUT/$NAME.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
+        tests/cuda/test_vllm_harness_gpu.py -rs 2>&1 | tee "$OUT/$NAME.pytest.log"
+    echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/$NAME.pytest.log"
+fi
+exit "$rc"
