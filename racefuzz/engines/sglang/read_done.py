@@ -706,7 +706,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     try:
         from racefuzz.engines.sglang import stubs
+        from racefuzz.trace import fastpath
 
+        # A few dozen ops a case: the C++ fast path (compiled on first use) buys nothing here.
+        os.environ.setdefault(fastpath.ENV, "0")
         out["stubbed"] = len(stubs.install())
         sys.path.insert(0, args.python_dir)
         os.environ["SGLANG_ENABLE_PREFILL_WAR_READ_DONE"] = "1"  # the prefill publish is opt-in in 0.5.23
