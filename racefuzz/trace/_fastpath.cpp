@@ -76,8 +76,13 @@ enum Constant {
   FRAME_SOURCE,
   KIND_TORCH,
   KIND_FREE,
+  KIND_COPY,
+  TRACE_STREAM_SYNC,
   CONSTANTS_SIZE
 };
+
+// What the dispatcher entry does with an op: `racefuzz.trace.capture._dispatcher_op_info`'s kinds, in order.
+enum OpKind { WRITES, FRESH, ALLOCATES, LIFTED };
 
 PyObject* constants = nullptr;  // set by `configure`; held for the process
 
@@ -771,9 +776,9 @@ Collected begin(PyObject* state, Pending& pending) {
   return Collected::OK;
 }
 
-// After the launch: its accesses, the `TraceLaunch` appended, the snapshots (`recorder._after`). False with a
-// Python exception.
-bool finish(PyObject* state, Pending& pending, PyObject* label) {
+// After the launch: its accesses, the `TraceLaunch` of kind `kind` (default "torch") appended, the snapshots
+// (`recorder._after`). False with a Python exception.
+bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind = nullptr) {
   PyObject* write_access = accesses(state, pending.written, label);
   if (write_access == nullptr) {
     return false;
@@ -790,7 +795,7 @@ bool finish(PyObject* state, Pending& pending, PyObject* label) {
   PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
   PyObject* fields = index == nullptr ? nullptr
                                       : PyTuple_Pack(8, index, pending.stream, label,
-                                                     constant(KIND_TORCH), read_access,
+                                                     kind != nullptr ? kind : constant(KIND_TORCH), read_access,
                                                      write_access, pending.source, Py_False);
   Py_DECREF(read_access);
   Py_DECREF(write_access);
@@ -907,7 +912,11 @@ PyObject* launch_op(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
 // recording thread's included keys, above autograd and every key but torch's PreDispatch and
 // PythonDispatcher. It records the op as `launch_op` does and runs it below the Python keys, so the mode
 // never sees it; every other op (and every op the checks below turn away) goes on to the mode exactly as
-// without it. torch has no dispatch key for out-of-tree tools above
+// without it. So are a copy between two tensors of the recording's device (`copy_`, `_to_copy`: no host
+// sync), an allocation (`empty`, `empty_like`: no launch, the storage's stream noted as `Recorder.allocated`
+// does) and `lift_fresh` (`torch.tensor`'s copy to the device, as `TraceMode._lifted` records it); and the
+// ops a CompositeImplicitAutograd op (`matmul`) decomposes into, each routed on its own. torch has no
+// dispatch key for out-of-tree tools above
 // autograd: racefuzz borrows `TESTING_ONLY_GenericMode`, which torch itself registers nothing on (its
 // only use is torch's own C++ tests) and which is included on the recording thread only while recording.
 //
@@ -1063,10 +1072,12 @@ struct Gil {
   throw error;
 }
 
-enum class Route { MODE, UNRECORDED, RECORDED };
+enum class Route { MODE, UNRECORDED, RECORDED, ALLOCATED, LIFTED };
 
 // Under the GIL, the fallback's keys excluded: which way `op` goes; for RECORDED, `pending` collected and
-// begun (the delay applied). Throws the Python error a helper raised.
+// begun (the delay applied); for ALLOCATED (an allocation, no launch) and LIFTED (`torch.tensor`'s copy, no
+// delay point: `Recorder.launch`'s kind "copy"), collected with its stream (LIFTED: and source line).
+// Throws the Python error a helper raised.
 Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack, Pending& pending,
             PyObject*& state, PyObject*& label, bool& fresh) {
   const Scope* scope = innermost();
@@ -1114,7 +1125,8 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
   }
   PyObject* arguments = PyTuple_GET_ITEM(info, 0);
   label = PyTuple_GET_ITEM(info, 1);
-  fresh = PyTuple_GET_ITEM(info, 2) == Py_True;
+  const long kind = PyLong_AsLong(PyTuple_GET_ITEM(info, 2));
+  fresh = kind == FRESH;
   const size_t count = op.schema().arguments().size();
   if (stack->size() < count) {
     return Route::MODE;
@@ -1156,25 +1168,75 @@ Route route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit:
       return Route::MODE;
     }
   }
-  if (fresh && PyList_GET_SIZE(pending.reads) == 0 && PyList_GET_SIZE(pending.writes) == 0) {
-    // A factory (`zeros`, `arange`): as the mode decides, in a GPU run a launch iff its `device` argument is
-    // a CUDA device, else not recorded; in a CPU run a launch. A factory on another device (meta) or of
-    // another layout is left to the mode.
-    const c10::FunctionSchema& schema = op.schema();
-    const std::optional<int> device_at = schema.argumentIndexWithName("device");
+  const c10::FunctionSchema& schema = op.schema();
+  const std::optional<int> device_at = schema.argumentIndexWithName("device");
+  const c10::IValue* device = device_at ? &(*stack)[base + *device_at] : nullptr;
+  const bool placed = device != nullptr && device->isDevice();
+  const bool factory =
+      (fresh || kind == ALLOCATES) && PyList_GET_SIZE(pending.reads) == 0 && PyList_GET_SIZE(pending.writes) == 0;
+  if (factory) {
+    // A factory (`zeros`, `arange`, `empty`): as the mode decides, in a GPU run a launch (an allocation) iff
+    // its `device` argument is a CUDA device, else not recorded; in a CPU run a launch. A factory on another
+    // device (meta) or of another layout is left to the mode.
     const std::optional<int> layout_at = schema.argumentIndexWithName("layout");
-    const c10::IValue* device = device_at ? &(*stack)[base + *device_at] : nullptr;
     const c10::IValue* layout = layout_at ? &(*stack)[base + *layout_at] : nullptr;
     if (layout != nullptr && !layout->isNone() && layout->toLayout() != c10::kStrided) {
       return Route::MODE;
     }
-    const bool placed = device != nullptr && device->isDevice();
     if (on_gpu && !(placed && device->toDevice().is_cuda())) {
       return Route::UNRECORDED;
     }
     if (!on_gpu && placed && !device->toDevice().is_cpu()) {
       return Route::MODE;
     }
+  } else if (placed && (on_gpu ? !device->toDevice().is_cuda() : !device->toDevice().is_cpu())) {
+    // Its output placed on another kind of device (`x.to("cpu")` in a GPU run: a copy to the host, which
+    // syncs it, `_syncs_in_copy`; `zeros_like(x, device=...)`): the mode's.
+    return Route::MODE;
+  }
+  if (kind == LIFTED) {
+    // `TraceMode._lifted`: in a CPU run only inside a `torch.tensor(data, device=...)` (`lifting_to_device`);
+    // no launch for an empty tensor or one on a storage the recorder knows (no copy was made).
+    if (!on_gpu) {
+      PyObject* lifting = PyObject_GetAttrString(PyTuple_GET_ITEM(state, RECORDER), "lifting_to_device");
+      int truth = lifting == nullptr ? -1 : PyObject_IsTrue(lifting);
+      Py_XDECREF(lifting);
+      if (truth < 0) {
+        raise_python_error();
+      }
+      if (truth == 0) {
+        return Route::UNRECORDED;
+      }
+    }
+    if (PyList_GET_SIZE(pending.reads) != 1) {
+      return Route::MODE;
+    }
+    const at::Tensor& lifted = THPVariable_Unpack(PyList_GET_ITEM(pending.reads, 0));
+    if (lifted.numel() == 0) {
+      return Route::UNRECORDED;
+    }
+    const uintptr_t base_address = reinterpret_cast<uintptr_t>(lifted.data_ptr()) -
+                                   static_cast<uintptr_t>(lifted.storage_offset() * lifted.itemsize());
+    if (known_key(state, base_address) != nullptr) {
+      return Route::UNRECORDED;  // `Recorder.knows`
+    }
+    if (PyErr_Occurred()) {
+      raise_python_error();
+    }
+  }
+  if (kind == ALLOCATES || kind == LIFTED) {
+    pending.stream = current_stream(state);
+    if (pending.stream == nullptr) {
+      return Route::MODE;  // a stream not seen yet: the mode's (which teaches the recorder)
+    }
+    if (kind == ALLOCATES) {
+      return Route::ALLOCATED;
+    }
+    pending.source = user_source(PyEval_GetFrame());
+    if (pending.source == nullptr) {
+      raise_python_error();
+    }
+    return Route::LIFTED;
   }
   if (!fresh && PyList_GET_SIZE(pending.writes) == 0) {
     return Route::UNRECORDED;  // a view or metadata op: not a launch (nor anything the mode records)
@@ -1228,6 +1290,73 @@ bool add_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, 
   return true;
 }
 
+// An allocation op (`empty`, `empty_like`) has run: each returned tensor on the recording's device and not on
+// the storage of one of its tensor arguments is allocated on the op's stream (`Recorder.allocated`), as the
+// mode's `_record` does; no launch. False with a Python exception.
+bool allocations(const c10::OperatorHandle& op, const torch::jit::Stack& stack, PyObject* state, Pending& pending) {
+  const bool on_gpu = PyTuple_GET_ITEM(state, ON_GPU) == Py_True;
+  std::vector<const void*> inputs;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(pending.reads); ++k) {
+    inputs.push_back(THPVariable_Unpack(PyList_GET_ITEM(pending.reads, k)).storage().mutable_data());
+  }
+  const size_t returned = op.schema().returns().size();
+  for (size_t r = stack.size() - returned; r < stack.size(); ++r) {
+    if (!stack[r].isTensor() || !stack[r].toTensor().defined()) {
+      continue;
+    }
+    const at::Tensor& tensor = stack[r].toTensor();
+    if ((on_gpu && !tensor.is_cuda()) ||
+        std::find(inputs.begin(), inputs.end(), tensor.storage().mutable_data()) != inputs.end()) {
+      continue;
+    }
+    if (!allocated(state, tensor, pending.stream)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `lift_fresh` has run (`TraceMode._lifted`): its tensor, a copy `torch.tensor(data, device=...)` made from the
+// host, allocated on the stream (`Recorder.allocated`) and written by a launch of kind "copy" with no reads,
+// then the host's sync of that stream (`Recorder.launch`'s `host_sync` "after"). False with a Python exception.
+bool lifted_copy(const torch::jit::Stack& stack, PyObject* state, Pending& pending, PyObject* label) {
+  if (stack.empty() || !stack.back().isTensor()) {
+    PyErr_SetString(PyExc_RuntimeError, "lift_fresh returned no tensor");
+    return false;
+  }
+  const at::Tensor& out = stack.back().toTensor();
+  PyObject* wrapped = THPVariable_Wrap(out);
+  if (wrapped == nullptr || !allocated(state, out, pending.stream)) {
+    Py_XDECREF(wrapped);
+    return false;
+  }
+  PyObject* slot = PyUnicode_FromString("out0");
+  PyObject* pair = slot == nullptr ? nullptr : PyTuple_Pack(2, slot, wrapped);
+  PyObject* no_reads = pair == nullptr ? nullptr : PyList_New(0);
+  bool ok = no_reads != nullptr && PyList_Append(pending.writes, pair) == 0 &&
+            PyList_Append(pending.written, wrapped) == 0;
+  Py_XDECREF(slot);
+  Py_XDECREF(pair);
+  Py_DECREF(wrapped);
+  if (!ok) {
+    Py_XDECREF(no_reads);
+    return false;
+  }
+  Py_SETREF(pending.reads, no_reads);  // the host data it was copied from is no device access
+  if (!finish(state, pending, label, constant(KIND_COPY))) {
+    return false;
+  }
+  PyObject* ops = PyTuple_GET_ITEM(state, OPS);
+  PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
+  PyObject* fields = index == nullptr ? nullptr : PyTuple_Pack(2, index, pending.stream);
+  PyObject* sync = fields == nullptr ? nullptr : make(constant(TRACE_STREAM_SYNC), fields);
+  ok = sync != nullptr && PyList_Append(ops, sync) == 0;
+  Py_XDECREF(index);
+  Py_XDECREF(fields);
+  Py_XDECREF(sync);
+  return ok;
+}
+
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTraceKey);
   Pending pending;
@@ -1239,7 +1368,7 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     Gil gil;
     c10::impl::ExcludeDispatchKeyGuard quiet(quiet_keys());
     way = route(op, keys, stack, pending, state, label, fresh);
-    if (way != Route::RECORDED) {
+    if (way == Route::MODE || way == Route::UNRECORDED) {
       pending.clear();
     }
   } catch (...) {
@@ -1248,6 +1377,12 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     throw;
   }
   if (way == Route::MODE) {
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+      // Its decomposition (`matmul`'s `mm`, `linear`'s `addmm`) is what the mode sees: each of those ops
+      // comes back here, and is routed on its own.
+      op.redispatchBoxed(below, stack);
+      return;
+    }
     c10::impl::ExcludeDispatchKeyGuard itself(kTraceKey);
     op.redispatchBoxed(below, stack);
     return;
@@ -1268,8 +1403,15 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   bool finished;
   try {
     NoDynamo no_dynamo;
-    finished = !no_dynamo.failed && (!fresh || add_outputs(op, *stack, state, pending)) &&
-               finish(state, pending, label);
+    if (no_dynamo.failed) {
+      finished = false;
+    } else if (way == Route::ALLOCATED) {
+      finished = allocations(op, *stack, state, pending);
+    } else if (way == Route::LIFTED) {
+      finished = lifted_copy(*stack, state, pending, label);
+    } else {
+      finished = (!fresh || add_outputs(op, *stack, state, pending)) && finish(state, pending, label);
+    }
   } catch (...) {
     pending.clear();  // a c10 error (an output without a storage, as the Python path raises too)
     throw;

@@ -773,11 +773,24 @@ def _dispatcher_fast_path(module: Any) -> None:
         _DISPATCHER_HELPER_SET = True
 
 
-def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str, bool] | None:
+FAST_WRITES, FAST_FRESH, FAST_ALLOCATES, FAST_LIFTED = range(4)
+"""What the C++ fast path's dispatcher entry does with an op (`_dispatcher_op_info`'s kind; its `OpKind`)."""
+
+
+def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str, int] | None:
     """For the C++ fast path's dispatcher entry, asked once per op (`aten::add_`, `Tensor`): the op's
-    `(arguments, label, fresh)` if it is one the fast path records, else None: one that writes only its
-    arguments (`_OpInfo.fast`), or (`fresh`) one that returns fresh tensors, each a plain `Tensor` (no
-    list, no optional), and neither syncs the host nor only allocates."""
+    `(arguments, label, kind)` if it is one the fast path records, else None. The kinds:
+
+    * `FAST_WRITES`: an op that writes only its arguments (`_OpInfo.fast`), or `copy_` (its sync rule,
+      `_syncs_in_copy`, answers "" between two tensors of the recording's device, the only ones the entry
+      takes);
+    * `FAST_FRESH`: one that returns fresh tensors, each a plain `Tensor` (no list, no optional), and neither
+      syncs the host nor only allocates; `_to_copy` too (a copy on the device: the entry leaves one with a
+      `device` of another kind, between the host and the device, to the mode);
+    * `FAST_ALLOCATES`: an allocation only (`_ALLOCATING`: `empty`, `empty_like`, ...), no launch;
+    * `FAST_LIFTED`: `lift_fresh`, the copy `torch.tensor(data, device=...)` made (`TraceMode._lifted`), its
+      label `TORCH_TENSOR_COPY`.
+    """
     import torch
 
     namespace, _, op_name = name.partition("::")
@@ -787,15 +800,17 @@ def _dispatcher_op_info(name: str, overload: str) -> tuple[Any, str, bool] | Non
         return None
     info = _OP_INFO.get(func) or _op_info(func)
     returns = func._schema.returns
-    fresh = (
-        info.fresh_outputs
-        and not info.not_access
-        and info.sync is None
-        and info.exact is None
-        and bool(returns)
-        and all(str(r.type) == "Tensor" for r in returns)
-    )
-    return (info.arguments, info.label, fresh) if info.fast or fresh else None
+    plain_returns = bool(returns) and all(str(r.type) == "Tensor" for r in returns)
+    copies = info.sync is _syncs_in_copy and info.exact is None
+    if info.name == "lift_fresh":
+        return info.arguments, TORCH_TENSOR_COPY, FAST_LIFTED
+    if info.allocates:
+        return (info.arguments, info.label, FAST_ALLOCATES) if plain_returns else None
+    if info.fresh_outputs and not info.not_access and (info.sync is None or copies) and info.exact is None:
+        return (info.arguments, info.label, FAST_FRESH) if plain_returns else None
+    if info.fast or (copies and not info.fresh_outputs and not info.not_access):
+        return info.arguments, info.label, FAST_WRITES
+    return None
 
 
 __all__ = ["HOST", "active", "recording"]

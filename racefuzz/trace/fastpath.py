@@ -9,8 +9,9 @@ from the mode (`launch_op`), an op of the first kind that does reach it (one a c
 into). Recording without it takes the Python
 path, which records the same trace (tests/unit/test_trace_fastpath.py compares them), more slowly; why is
 said once on stderr. The build (10-60 s) goes to `$XDG_CACHE_HOME/racefuzz` (default `~/.cache/racefuzz`),
-one directory per torch version, Python version and interpreter prefix (`sys.prefix`: two virtual
-environments on one host keep a build each, instead of rebuilding it whenever the other ran last); the
+one directory per torch version, Python version, interpreter prefix (`sys.prefix`: two virtual
+environments on one host keep a build each, instead of rebuilding it whenever the other ran last) and
+source (`_fastpath.cpp`'s digest: two checkouts of different versions keep theirs too); the
 first build says on stderr, in one line, that it is compiling and where, whoever asked for it (the CLI,
 the pytest fixture, `racefuzz.trace.fuzz`). Concurrent processes (pytest-xdist workers) wait for one build
 through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a killed build's and is
@@ -35,15 +36,19 @@ _loaded: list[Any] = []
 
 
 def build_directory() -> str:
-    """Where this interpreter's build goes: one directory per torch version, Python version and `sys.prefix`
-    (its digest: a virtual environment's path may be long or odd)."""
+    """Where this interpreter's build of this source goes: one directory per torch version, Python version,
+    `sys.prefix` and `_fastpath.cpp` (digests of the last two: a virtual environment's path may be long or
+    odd; two checkouts of racefuzz on one host with different sources, a tree and its CI copy, would
+    otherwise rebuild in one directory whenever the other ran last, each loading the other's build)."""
     import hashlib
 
     import torch
 
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     prefix = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
-    version = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{prefix}"
+    with open(SOURCE, "rb") as source:
+        code = hashlib.sha256(source.read()).hexdigest()[:12]
+    version = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{prefix}-{code}"
     return os.path.join(cache, "racefuzz", f"fastpath-{version}")
 
 

@@ -772,7 +772,19 @@ class Recorder:
 def fast_constants() -> tuple[Any, ...]:
     """What the C++ fast path's `configure` takes (its `Constant` enum, in this order): the trace's types and
     `user_source`'s caches and helpers."""
-    return (TraceLaunch, Access, Storage, _LIBRARY_CODE, _SOURCES, _code_is_library, _frame_source, "torch", "free")
+    return (
+        TraceLaunch,
+        Access,
+        Storage,
+        _LIBRARY_CODE,
+        _SOURCES,
+        _code_is_library,
+        _frame_source,
+        "torch",
+        "free",
+        "copy",
+        TraceStreamSync,
+    )
 
 
 def _storage_freed(recorder_ref: Callable[[], Recorder | None], ptr: int, _storage_ref: Any) -> None:

@@ -74,3 +74,94 @@ def test_two_step_functions_at_one_bytecode_offset_keep_their_own_source_lines()
     sources = [op.source for op in launches(recorder, "aten.add_.Tensor")]
     assert [s.rsplit(" ", 1)[-1] for s in sources] == ["(first)", "(second)", "(first)"]
     assert sources[0] == sources[2] != sources[1]
+
+
+def copies_step(env):
+    """What sglang's step did through the dispatch mode: `torch.tensor` copies, a `matmul` (decomposed into
+    `mm`), a dtype conversion and a `copy_` between device tensors, allocations (`empty`, `empty_like`), one
+    freed; and a host read."""
+    side = env.stream("side")
+    side.wait_stream(env.current_stream())
+    with env.use(side):
+        lens = torch.tensor([64, 96, 32], dtype=torch.int64, device=env.device)
+        weights = torch.ones(8, 8)
+        hidden = weights @ weights
+        indptr = torch.zeros(4, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(lens, 0).to(torch.int32)
+        scratch = torch.empty(16)
+        scratch.fill_(1)  # accessed: its free is recorded
+        like = torch.empty_like(hidden)
+        like.copy_(hidden)
+        del scratch
+        total = int(indptr[-1])
+    host = torch.tensor([1, 2])  # no device: a host tensor, no launch
+    env.current_stream().wait_stream(side)
+    return {"indptr": indptr, "like": like, "total": torch.tensor(total), "host": host}
+
+
+def record(step, fast: bool, monkeypatch, **options):
+    from racefuzz.trace import fastpath
+    from racefuzz.trace.search import run_once
+
+    with monkeypatch.context() as patch:
+        if not fast:
+            patch.setattr(fastpath, "load", lambda: None)
+        return run_once(step, "cpu", watch_frees=True, **options)
+
+
+@pytest.mark.parametrize("options", [{}, {"serialize": True}, {"snapshot_plan": {}, "evaluate_annotations": False}])
+def test_copies_allocations_and_decomposed_ops_are_recorded_below_the_mode_as_the_python_path_records_them(
+    monkeypatch, options
+):
+    from racefuzz.trace import fastpath
+    from racefuzz.trace.capture import _torch_mode_class
+
+    if fastpath.load() is None:
+        pytest.skip("the C++ fast path cannot be built here (see stderr)")
+    fast, slow = record(copies_step, True, monkeypatch, **options), record(copies_step, False, monkeypatch, **options)
+    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+    assert fast.launch_ops == slow.launch_ops and fast.trace.streams == slow.trace.streams
+    assert sorted(fast.snapshots) == sorted(slow.snapshots)
+    kernels = [op.kernel for op in fast.trace.ops if isinstance(op, TraceLaunch)]
+    assert kernels.count(TORCH_TENSOR_COPY) == 1  # `torch.tensor([1, 2])` without a device is no launch
+    assert {"aten.mm.default", "aten._to_copy.default", "aten.copy_.default"} <= set(kernels)
+    frees = {op.kernel: op.stream for op in fast.trace.ops if isinstance(op, TraceLaunch) and op.kind == "free"}
+    assert frees["free(tmp6 (aten.fill_.Scalar))"] == "side"  # `scratch`'s block, allocated by `empty` there
+
+    mode_class = _torch_mode_class()
+    original = mode_class.__torch_dispatch__
+    seen: list[str] = []
+
+    def counted(self, func, types, args=(), kwargs=None):
+        seen.append(str(func))
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(mode_class, "__torch_dispatch__", counted)
+    record(copies_step, True, monkeypatch, **options)
+    # None of these reaches the mode: each is recorded below it.
+    assert not {
+        "aten.lift_fresh.default",
+        "aten.mm.default",
+        "aten._to_copy.default",
+        "aten.copy_.default",
+        "aten.empty.memory_format",
+        "aten.empty_like.default",
+    } & set(seen), seen
+
+
+def test_two_versions_of_the_fast_paths_source_keep_a_build_each(monkeypatch, tmp_path):
+    # A tree and its CI copy on one host, of different sources, rebuilt each other's build in one directory
+    # (each then loading the other's module: a `configure` of the wrong constants).
+    from pathlib import Path
+
+    from racefuzz.trace import fastpath
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ours, source = fastpath.build_directory(), Path(fastpath.SOURCE).read_bytes()
+    copy = tmp_path / "checkout" / "_fastpath.cpp"
+    copy.parent.mkdir()
+    copy.write_bytes(source)
+    monkeypatch.setattr(fastpath, "SOURCE", str(copy))
+    assert fastpath.build_directory() == ours  # the same source elsewhere: the same build
+    copy.write_bytes(source + b"\n// another version\n")
+    assert fastpath.build_directory() != ours
