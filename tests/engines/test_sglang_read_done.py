@@ -114,3 +114,25 @@ def test_the_eagle_workers_hand_the_scheduler_the_runner_of_the_last_read(cases:
 
 def test_every_case_is_as_expected(cases: dict[str, dict]) -> None:
     assert [name for name, case in cases.items() if not case["as_expected"]] == []
+
+
+@pytest.mark.parametrize(
+    ("case", "site"),
+    [
+        ("decode_in_replay", "decode_cuda_graph_runner.py:{} (_record_in_graph_metadata_prep_done)"),
+        ("decode_pre_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
+        ("decode_post_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
+        ("prefill_dspark", "shared_read_event.py:{} (maybe_publish_prefill_shared_read_done)"),
+        ("eagle_draft_extend_in_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
+    ],
+)
+def test_the_event_the_barrier_waits_on_is_recorded_by_sglangs_publisher(
+    cases: dict[str, dict], case: str, site: str
+) -> None:
+    """The record is made by sglang's line (its file and function; the line number is the version's), and
+    the barrier's wait is sglang's `_apply_war_barrier`'s `wait_event`."""
+    calls = cases[case]["sglang_calls"]
+    head, tail = site.split("{}")
+    assert any(call.startswith("record at sglang/srt/") and head in call and call.endswith(tail) for call in calls)
+    assert any(call.startswith("wait_event at sglang/srt/managers/scheduler.py:") for call in calls)
+    assert not any(call.startswith("wait_stream at sglang/srt/managers/scheduler.py:") for call in calls)

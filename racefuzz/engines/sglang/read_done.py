@@ -661,14 +661,48 @@ def make_step(sgl: Sglang, case: Case, holder: dict[str, Any]) -> Any:
     return step
 
 
-def run_case(sgl: Sglang, case: Case) -> dict[str, Any]:
+STREAM_CALLS = frozenset({"record", "wait_event", "wait_stream"})
+"""The event and stream calls `sglang_sites` lists, by the sglang line that makes them."""
+
+
+@contextlib.contextmanager
+def sglang_sites(python_dir: str, sites: list[str]) -> Any:
+    """Appends to `sites`, in call order, each sglang function entered (`function at file`, once each) and
+    each `record` / `wait_event` / `wait_stream` call made from sglang's code (`record at file:line
+    (function)`): which sglang line published the event and how the barrier waited on it."""
+    root = os.path.join(python_dir, "sglang") + os.sep
+    cut = len(python_dir) + 1
+    entered: set[tuple[str, str]] = set()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        caller = frame.f_back
+        if code.co_name in STREAM_CALLS and caller is not None and caller.f_code.co_filename.startswith(root):
+            where = f"{caller.f_code.co_filename[cut:]}:{caller.f_lineno} ({caller.f_code.co_name})"
+            sites.append(f"{code.co_name} at {where}")
+        elif code.co_filename.startswith(root) and (code.co_filename, code.co_name) not in entered:
+            entered.add((code.co_filename, code.co_name))
+            sites.append(f"{code.co_name} in {code.co_filename[cut:]}")
+
+    sys.setprofile(hook)
+    try:
+        yield sites
+    finally:
+        sys.setprofile(None)
+
+
+def run_case(sgl: Sglang, case: Case, python_dir: str) -> dict[str, Any]:
     """Record `case`'s step once on the CPU and judge it by happens-before."""
     from racefuzz.trace.convert import find_trace_races
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
+    sites: list[str] = []
     began = time.perf_counter()
-    record = run_once(make_step(sgl, case, holder), "cpu")
+    with sglang_sites(python_dir, sites):
+        record = run_once(make_step(sgl, case, holder), "cpu")
     races = find_trace_races(record.trace)
     return {
         "case": case.name,
@@ -692,6 +726,7 @@ def run_case(sgl: Sglang, case: Case) -> dict[str, Any]:
             }
             for race in races
         ],
+        "sglang_calls": sites,
         "seconds": round(time.perf_counter() - began, 3),
     }
 
@@ -717,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         sgl = Sglang()
         out["import_seconds"] = round(time.perf_counter() - began, 3)
         chosen = [c for c in CASES if not args.case or c.name in args.case]
-        out["cases"] = [run_case(sgl, case) for case in chosen]
+        out["cases"] = [run_case(sgl, case, args.python_dir) for case in chosen]
         out["status"] = "ok"
     except Exception as exc:  # one line for the parent; the traceback with --traceback
         out["status"] = "error"
