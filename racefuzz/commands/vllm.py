@@ -65,6 +65,12 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="torch: the slot-mapping kernel restated in torch ops (default; the only one on the CPU); vllm: the "
         "version's own Triton kernel (--device cuda)",
     )
+    parser.add_argument(
+        "--uva-ring",
+        action="store_true",
+        help="also model-runner v2's round-robin pinned buffers (vLLM's UvaBufferPool in MRV2's step order, UVA "
+        "modelled; CPU; reported, not part of the exit code)",
+    )
     parser.add_argument("--archive", type=Path, help="fetch: unpack this `vllm pack` archive instead of pip")
     parser.add_argument("--out", type=Path, help="pack: the .tar.gz to write")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per version (default 900)")
@@ -107,7 +113,9 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
         targets.append((version, sources.locate(version=version), version))
     results = []
     for label, python_dir, version_hint in targets:
-        result = run_harness(python_dir, workloads, args.control, version_hint, args.timeout, device, args.slot_mapping)
+        result = run_harness(
+            python_dir, workloads, args.control, version_hint, args.timeout, device, args.slot_mapping, args.uva_ring
+        )
         result["label"] = label
         results.append(result)
         print(format_result(result))
@@ -184,10 +192,12 @@ def run_harness(
     timeout: float,
     device: str = "cpu",
     slot_mapping: str = "torch",
+    uva_ring: bool = False,
 ) -> dict[str, Any]:
-    """One version's harness subprocess (`racefuzz.engines.vllm.harness`) on `device` -> its JSON result."""
+    """One version's harness subprocess (`racefuzz.engines.vllm.harness`) on `device` -> its JSON result
+    (`uva_ring`: with model-runner v2's ring, `racefuzz.engines.vllm.uva_ring`)."""
     command = [sys.executable, "-m", "racefuzz.engines.vllm.harness", "--python-dir", str(python_dir)]
-    command += ["--device", device, "--slot-mapping", slot_mapping]
+    command += ["--device", device, "--slot-mapping", slot_mapping] + (["--uva-ring"] if uva_ring else [])
     for workload in workloads:
         command += ["--workload", json.dumps(workload)]
     if not control:
@@ -259,6 +269,15 @@ def format_result(result: dict[str, Any]) -> str:
             f"in {caught} of {len(controls)} workload(s)"
         )
         lines += _race_lines([race for run in controls for race in run["races"]], limit=2)
+    ring = result.get("uva_ring")
+    if isinstance(ring, str):
+        lines.append(f"  model-runner v2 pinned ring: not run: {ring}")
+    elif ring:
+        lines.append("  model-runner v2 pinned ring (UvaBufferPool, 2 slots, UVA modelled, CPU):")
+        for run in ring:
+            verdict = f"{len(run['races'])} race(s)" if run["races"] else "clean"
+            lines.append(f"    {run['case']}: {verdict}")
+            lines += ["  " + line for line in _race_lines(run["races"], limit=1)]
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ them they skip, saying so. Each version runs in its own subprocess, as the CLI d
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,11 +38,13 @@ def _harness_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> d
     from racefuzz.engines.vllm.workload import FIXED
 
     path = _sources_or_skip(version)
-    cache = tmp_path_factory.getbasetemp().parent / f"vllm-harness-{version}.json"
+    # The session's directory: under xdist each worker's base is a folder of it; alone it is the base.
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / f"vllm-harness-{version}.json"
     with FileLock(f"{cache}.lock"):
         if cache.is_file():
             return json.loads(cache.read_text())
-        result = run_harness(path, [FIXED.to_json()], True, version, 600)
+        result = run_harness(path, [FIXED.to_json()], True, version, 600, uva_ring=True)
         cache.write_text(json.dumps(result))
         return result
 
@@ -144,11 +147,82 @@ def test_missing_sources_are_one_line_naming_the_fetch(tmp_path: Path) -> None:
         [sys.executable, "-m", "racefuzz.cli", "vllm", "--version", "0.0.1"],
         capture_output=True,
         text=True,
-        env={**__import__("os").environ, "RACEFUZZ_VLLM_CACHE": str(tmp_path)},
+        env={**os.environ, "RACEFUZZ_VLLM_CACHE": str(tmp_path)},
     )
     assert done.returncode == ExitCode.USAGE
     assert "racefuzz vllm fetch --version 0.0.1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "vllm", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("pack", "--version", "0.33.0"), "needs one --version X or --source DIR, and --out"),
+        (("fetch", "--version", "0.33.0", "--archive", "/nonexistent.tar.gz"), "no file /nonexistent.tar.gz"),
+        (("--version", "0.33.0", "--slot-mapping", "vllm"), "--slot-mapping vllm needs --device cuda"),
+    ],
+)
+def test_bad_pack_fetch_and_device_arguments_are_one_line_usage_errors(args: tuple, message: str) -> None:
+    done = _cli(*args)
+    assert done.returncode == ExitCode.USAGE
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_device_cuda_without_a_gpu_is_one_line() -> None:
+    done = _cli("--version", "0.33.0", "--device", "cuda")
+    assert done.returncode == ExitCode.USAGE
+    assert "torch sees no CUDA device" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def _tree(root: Path, files: list[str]) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"# {name}\n")
+
+
+def test_a_slim_archive_holds_the_imported_files_and_their_siblings_and_unpacks(tmp_path: Path) -> None:
+    import tarfile
+
+    tree = tmp_path / "tree"
+    imported = ["vllm/__init__.py", "vllm/v1/__init__.py", "vllm/v1/worker/__init__.py", sources.MARKER]
+    _tree(tree, [*imported, "vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/model_runner.py"])
+    files = sources.slim_files(tree, imported)
+    assert "vllm/v1/worker/block_table.py" in files  # a sibling of an imported file
+    assert "vllm/v1/worker/gpu/model_runner.py" not in files  # a subpackage nothing was imported from
+    archive = tmp_path / "vllm-0.33.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as out:
+        for name in files:
+            out.add(tree / name, arcname=f"python/{name}")
+    done = _cli(
+        "fetch", "--version", "0.33.0", "--archive", str(archive), env={"RACEFUZZ_VLLM_CACHE": str(tmp_path / "c")}
+    )
+    assert done.returncode == 0, done.stderr
+    unpacked = tmp_path / "c" / "0.33.0" / "python"
+    assert sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*.py")) == files
+
+
+def test_an_archive_without_vllm_sources_is_refused_in_one_line(tmp_path: Path) -> None:
+    import tarfile
+
+    _tree(tmp_path / "tree", ["python/other/__init__.py"])
+    archive = tmp_path / "other.tar.gz"
+    with tarfile.open(archive, "w:gz") as out:
+        out.add(tmp_path / "tree" / "python", arcname="python")
+    done = _cli(
+        "fetch", "--version", "0.33.0", "--archive", str(archive), env={"RACEFUZZ_VLLM_CACHE": str(tmp_path / "c")}
+    )
+    assert done.returncode == ExitCode.USAGE
+    assert "not an archive made by `vllm pack`" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_a_directory_that_is_no_vllm_tree_is_refused(tmp_path: Path) -> None:
@@ -191,6 +265,31 @@ def test_0_33_0_is_clean_beside_a_caught_control(tmp_path_factory: pytest.TempPa
     assert version_verdict(result, control=True) == ExitCode.CLEAN
     run = next(run for run in result["runs"] if not run["control"])
     assert run["forwards"] >= 6 and run["host_accesses"] > 0
+
+
+def test_model_runner_v2s_pinned_ring_races_only_with_a_speculator_beside_a_caught_control(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """vLLM 0.33.0's own `UvaBufferPool` (2 slots) in MRV2's step order (racefuzz/engines/vllm/uva_ring.py):
+    without a speculator every reader of a slot is before `AsyncOutput`'s `copy_event`, which the engine
+    waits for before the step that rewrites the slot: clean, beside the control (no output taken) caught.
+    With one, `propose` reads `temperature.gpu` after the event: the rewrite two steps later races it."""
+    ring = {
+        run["case"].split(" (")[0].split(":")[0]: run for run in _harness_result(tmp_path_factory, "0.33.0")["uva_ring"]
+    }
+    assert ring["no speculator"]["races"] == []
+    for case in ("control", "speculator"):
+        races = ring[case]["races"]
+        assert races, f"{case}: no race"
+        assert all(
+            r["kind"] == "WAR" and (r["first"]["stream"], r["second"]["stream"]) == ("default", "host") for r in races
+        )
+        assert all(
+            "buffer_utils.py" in r["second"]["source"] and "(copy_to_uva)" in r["second"]["source"] for r in races
+        )
+        assert {b.split("[")[0] for r in races for b in r["bytes"]} <= {
+            "temperature.pool._uva_bufs",
+        }
 
 
 def test_0_10_2_races_where_25279_says_and_0_11_0_is_clean(tmp_path_factory: pytest.TempPathFactory) -> None:

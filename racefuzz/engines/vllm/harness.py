@@ -4,13 +4,14 @@ with `prepare_inputs_event` as the version has it and, as the negative control, 
 async scheduling with the event's `synchronize` a no-op; print one JSON object.
 
     python -m racefuzz.engines.vllm.harness --python-dir DIR [--workload JSON] [--no-control]
-        [--device cpu|cuda] [--slot-mapping torch|vllm] [--list-imports]
+        [--device cpu|cuda] [--slot-mapping torch|vllm] [--list-imports] [--uva-ring]
 
 `--device cpu` (virtual streams): the host/device split is `host_memory.HostTensors`'s. `--device cuda`
 (docs/vllm.md, "On a GPU"): torch.cuda's own streams and events, the runner's pinned buffers really pinned
 (the recorder records a pinned CPU tensor's ops as the host's), Triton real. `--list-imports`: the result
 also lists the version's files the run imported (`imported`, relative to the python dir: what
-`sources.pack` puts in a slim archive).
+`sources.pack` puts in a slim archive). `--uva-ring`: also model-runner v2's pinned ring on the CPU
+(`uva_ring.run_cases`, in the result as `uva_ring`).
 
 One version per process (vLLM's modules are imported by their own names). Stubs first (`stubs.install`).
 """
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--slot-mapping", choices=("torch", "vllm"), default="torch")
     parser.add_argument("--list-imports", action="store_true")
+    parser.add_argument("--uva-ring", action="store_true", help="also model-runner v2's pinned ring (uva_ring.py)")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"python_dir": args.python_dir}
     began = time.perf_counter()
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         out["defaulted_to_none"] = sorted(
             [f"model_config.{n}" for n in FakeModelConfig.asked] + [f"vllm_config.{n}" for n in FakeVllmConfig.asked]
         )
+        if args.uva_ring:
+            from racefuzz.engines.vllm import uva_ring
+
+            out["uva_ring"] = uva_ring.run_cases()
         if args.list_imports:
             out["imported"] = imported_files(args.python_dir)
         out["status"] = "ok"
