@@ -64,6 +64,7 @@ COARSE = "coarse (wait_stream)"
         # DecodeCudaGraphRunner.execute: each declaration publishes where its reads end
         ("decode_in_replay", FAST, ["control_decode_in_replay_reads_after_marker"]),
         ("decode_pre_replay", FAST, ["control_decode_pre_replay_reads_in_graph"]),
+        ("decode_in_replay_no_marker", FAST, ["control_decode_in_replay_reads_after_marker"]),
         ("decode_post_replay", FAST, ["control_decode_pre_replay_reads_in_graph"]),
         ("decode_unknown", COARSE, ["control_decode_pre_replay_reads_in_graph"]),
         # maybe_publish_prefill_shared_read_done, gated by the speculative algorithm (#35947)
@@ -122,6 +123,7 @@ def test_every_case_is_as_expected(cases: dict[str, dict]) -> None:
         ("decode_in_replay", "decode_cuda_graph_runner.py:{} (_record_in_graph_metadata_prep_done)"),
         ("decode_pre_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
         ("decode_post_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
+        ("decode_in_replay_no_marker", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
         ("prefill_dspark", "shared_read_event.py:{} (maybe_publish_prefill_shared_read_done)"),
         ("eagle_draft_extend_in_replay", "decode_cuda_graph_runner.py:{} (_publish_read_done)"),
     ],

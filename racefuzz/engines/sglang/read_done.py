@@ -73,6 +73,7 @@ class Case:
     `EAGLEDraftExtendCudaGraphRunner.execute`, on two runners: `reads` and `declared` are the draft's).
     `worker`: the sglang class whose `last_shared_read_runner` the scheduler asks. `staged`: the draft's
     reads are copied into its own buffers before the verify, and the worker's staged flag is set.
+    `external_events`: whether the in-graph marker can be made (the `make_external_event` stand-in).
     `declared`: the `SharedReadEnds` name the fake backend's `shared_read_ends` returns. `reads`: where the fake
     backend reads `req_to_token` ("out_graph": its out-of-graph metadata init; "in_graph": its in-graph metadata
     init, before the marker; "after_marker": a layer inside the graph, after the marker; "lazy_layer": an eager
@@ -89,6 +90,7 @@ class Case:
     why: str = ""
     worker: str = "BaseTpWorker"
     staged: bool = False
+    external_events: bool = True
 
 
 CASES: tuple[Case, ...] = (
@@ -123,6 +125,15 @@ CASES: tuple[Case, ...] = (
         ("out_graph", "in_graph", "after_marker"),
         "clean",
         why="no publish: the barrier waits on the whole forward stream",
+    ),
+    Case(
+        "decode_in_replay_no_marker",
+        "decode_graph",
+        "IN_REPLAY",
+        ("out_graph", "in_graph", "after_marker"),
+        "clean",
+        external_events=False,
+        why="no external events (make_external_event is None, as on HIP): IN_REPLAY resolves to POST_REPLAY",
     ),
     Case(
         "control_decode_pre_replay_reads_in_graph",
@@ -299,14 +310,16 @@ class Sglang:
         self.EAGLEDraftExtendCudaGraphRunner = eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner
 
     @contextlib.contextmanager
-    def cpu_stand_ins(self) -> Any:
-        """The two `is_cuda()` stand-ins of the module docstring, for the block."""
+    def cpu_stand_ins(self, external_events: bool = True) -> Any:
+        """The stand-ins of the module docstring, for the block. Without `external_events`,
+        `make_external_event` is sglang's own (None off CUDA, as on a platform without external events)."""
         import torch
 
         if not hasattr(logging.Logger, "info_once"):  # transformers installs it; it is stubbed here
             logging.Logger.info_once = logging.Logger.info  # type: ignore[attr-defined]
         saved = (self.decode_runner_module.make_external_event, self.shared_read_event.get_memory)
-        self.decode_runner_module.make_external_event = lambda device_module: torch.cuda.Event(external=True)
+        if external_events:
+            self.decode_runner_module.make_external_event = lambda device_module: torch.cuda.Event(external=True)
         self.shared_read_event.get_memory = lambda: SimpleNamespace(
             enable_hierarchical_cache=False, hicache_storage_backend=None, enable_lmcache=False
         )
@@ -643,7 +656,7 @@ def make_step(sgl: Sglang, case: Case, holder: dict[str, Any]) -> Any:
 
     def step(env: Any) -> dict[str, Any]:
         s = _setup(env, sgl, case)
-        with sgl.cpu_stand_ins():
+        with sgl.cpu_stand_ins(case.external_events):
             _forward(env, sgl, case, s)
         picked = s.scheduler.model_worker.last_shared_read_runner
         holder["fast_path"] = picked.shared_read_done_event is not None
