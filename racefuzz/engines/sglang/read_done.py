@@ -35,7 +35,8 @@ snapshot, where sglang's backends run Triton / FlashInfer kernels), the model (i
 and the model runner / graph runner objects (plain objects carrying the attributes sglang's methods read;
 sglang's methods are called on them unbound). Two stand-ins for `is_cuda()`, which is False on the CPU:
 `decode_cuda_graph_runner.make_external_event` returns `torch.cuda.Event(external=True)` (racefuzz's CPU
-stand-in, a record inside a capture is a graph node) instead of None, and `shared_read_event.get_memory`
+stand-in, a record inside a capture is a graph node) instead of None (sglang's own in the case without
+external events), and `shared_read_event.get_memory`
 answers "no hierarchical cache, no storage offload, no LMCache" (the runtime context is not published).
 And `logging.Logger.info_once`, which sglang's publisher calls and transformers (stubbed) installs, is
 `Logger.info`.
