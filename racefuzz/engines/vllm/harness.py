@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.uva_ring:
             from racefuzz.engines.vllm import uva_ring
 
-            out["uva_ring"] = uva_ring.run_cases()
+            out["uva_ring"] = uva_ring.run_cases(race_json)
         if args.list_imports:
             out["imported"] = imported_files(args.python_dir)
         out["status"] = "ok"

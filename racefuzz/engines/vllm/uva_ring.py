@@ -36,9 +36,8 @@ from __future__ import annotations
 import importlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
-
-from racefuzz.engines.vllm.harness import race_json
 
 MAX_REQS = 4
 STEPS = 5
@@ -74,8 +73,11 @@ def model_uva(buffer_utils: Any) -> None:
     buffer_utils.UvaBuffer = ModelledUvaBuffer
 
 
-def run_ring(speculative: bool, control: bool, steps: int = STEPS) -> dict[str, Any]:
-    """`steps` engine steps of MRV2's temperature ring (module docstring); the trace's races."""
+def run_ring(
+    speculative: bool, control: bool, as_json: Callable[[Any], dict[str, Any]], steps: int = STEPS
+) -> dict[str, Any]:
+    """`steps` engine steps of MRV2's temperature ring (module docstring); the trace's races, each as
+    `as_json` writes it (the harness's `race_json`)."""
     import torch
     from vllm.v1.worker.gpu import buffer_utils
 
@@ -116,16 +118,16 @@ def run_ring(speculative: bool, control: bool, steps: int = STEPS) -> dict[str, 
         "control": control,
         "steps": steps,
         "slots": buffer_utils._DEFAULT_MAX_CONCURRENCY,
-        "races": [race_json(r) for r in races],
+        "races": [as_json(r) for r in races],
         "seconds": round(time.perf_counter() - began, 3),
     }
 
 
-def run_cases() -> list[dict[str, Any]] | str:
+def run_cases(as_json: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]] | str:
     """Every case of `CASES` (in the harness's subprocess, the version's vLLM importable), or why none ran:
     a version before model-runner v2 has no `vllm/v1/worker/gpu/buffer_utils.py`."""
     try:
         importlib.import_module("vllm.v1.worker.gpu.buffer_utils")
     except ModuleNotFoundError as exc:
         return f"no model-runner v2 buffer pool in this version ({exc})"
-    return [dict(run_ring(speculative, control), case=name) for name, speculative, control in CASES]
+    return [dict(run_ring(speculative, control, as_json), case=name) for name, speculative, control in CASES]
