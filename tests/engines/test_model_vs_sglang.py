@@ -81,7 +81,7 @@ def test_sglangs_admission_keeps_a_freed_row_from_the_next_prefill() -> None:
     on the host, not yet filtered by `update_running_batch`), so r1's prefill comes an iteration later, after
     the host synchronized on the over-scheduled forward that still reads the row; sglang 0.5.15's loop with the
     barrier off races only on the prefill results' re-caches. The model without `sglang_admission` took the row
-    at once (a recycled-row prefill race sglang's loop cannot reach: the differential's first disagreement)."""
+    at once (a recycled-row prefill race 0.5.15's loop does not reach: the differential's first disagreement)."""
     stream = HarnessWorkload((Request("r0", 0, 6, 2), Request("r1", 0, 8, 2)), pool_rows=1)
     faithful = to_model_workload(stream, "0.5.15")
     assert _writers(faithful) == {"post_launch_rewrite"}
