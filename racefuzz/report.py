@@ -9,6 +9,11 @@ The text report opens with a fixed, greppable header (`==== racefuzz: ... ====`)
 race, the writing access and the reading access (stream, kernel, iteration, requests, cells), the value
 read against the value expected, the missing ordering edge in plain words, and the command that replays
 it.
+
+The layout of a report is written once, here (`Report`, `RaceAccount`, `layout`), for both frontends: a
+frontend fills the sections in its own terms -- the model describes a launch by its program op
+(`op #N kernel on stream, iteration, requests`), a traced step (`racefuzz.trace.report`) by its kernel,
+stream and source line -- and `layout` puts them in one order.
 """
 
 from __future__ import annotations
@@ -222,6 +227,89 @@ def write_replay(replay: ReplayFile, report_dir: str | os.PathLike[str]) -> Path
 # -- text --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Access:
+    """One side of a race, in its frontend's terms."""
+
+    role: str
+    """What it does in the race: `write` / `read` (the model), `first` / `second` (a trace, in issue order)."""
+    launch: str
+    """The launch that makes it, as the frontend describes one."""
+    extent: str = ""
+    """What this side touches (the model's cells); empty when only the shared part is said."""
+
+
+@dataclass(frozen=True)
+class RaceAccount:
+    """One race told in full: an optional heading, both accesses, what they share, notes, the evidence that
+    it manifested (the values read), and the missing edge."""
+
+    accesses: tuple[Access, Access]
+    shared: tuple[str, str]
+    """(label, text): what both touch, e.g. ("shared", the cells) or ("bytes", the elements)."""
+    missing_edge: str
+    heading: str = ""
+    notes: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    """A counterexample report's sections, in the order `layout` writes them. Lines of a section are given
+    whole (indented as they are printed); empty sections are left out."""
+
+    tool: str
+    """The command that found it, in the header: `racefuzz` or `racefuzz trace`."""
+    title: str
+    """The header's verdict: what raced where, on what."""
+    context: tuple[str, ...] = ()
+    """What was examined (a trace's launches and its assumptions)."""
+    verdict: tuple[str, ...] = ()
+    """The oracles' verdict line(s)."""
+    races: tuple[RaceAccount, ...] = ()
+    """The races told in full."""
+    more_races: tuple[str, ...] = ()
+    """The others, a line each, or how many more there are."""
+    findings: tuple[str, ...] = ()
+    """What else was found beside the races (latent hazards, nondeterminism, the value oracle's verdict)."""
+    schedule: tuple[str, ...] = ()
+    """The schedule of the counterexample: its workload, delays and forced orders."""
+    confirmation: tuple[str, ...] = ()
+    """How it was confirmed: re-runs, the runs without the schedule."""
+    replay: str = ""
+    """The command that replays it (with the file); empty: none was written."""
+
+
+_LABEL_WIDTH = 8
+"""`  write:  ` / `  shared: `: a race's labels padded to one column, an access's extent below its launch."""
+
+
+def race_lines(race: RaceAccount) -> list[str]:
+    """One race as a report tells it (see `RaceAccount`)."""
+    lines = [race.heading] if race.heading else []
+    for access in race.accesses:
+        lines.append(f"  {access.role + ':':<{_LABEL_WIDTH}}{access.launch}")
+        if access.extent:
+            lines.append(f"  {'':<{_LABEL_WIDTH}}{access.extent}")
+    label, shared = race.shared
+    lines.append(f"  {label + ':':<{_LABEL_WIDTH}}{shared}")
+    lines.extend(race.notes)
+    lines.extend(race.evidence)
+    lines.append(f"  missing edge: {race.missing_edge}")
+    return lines
+
+
+def layout(report: Report) -> str:
+    """The text of a report: the header, then each section of `Report` in its order."""
+    lines = [f"==== {report.tool}: {report.title} ====", *report.context, *report.verdict]
+    for race in report.races:
+        lines.extend(race_lines(race))
+    lines.extend((*report.more_races, *report.findings, *report.schedule, *report.confirmation))
+    if report.replay:
+        lines.append(f"  replay: {report.replay}")
+    return "\n".join(lines)
+
+
 def _where(launch: Launch) -> str:
     info = launch.info
     parts = [f"op #{launch.index}", launch.kernel, f"on {launch.stream}"]
@@ -284,45 +372,66 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     kind = race.kind.value if race else ("allocation" if outcome.violations else "ordering")
     table = race.cells[0].buffer.name if race else scenario.table
     what = f"{kind} race on" if race else f"{kind} violation in"
-    lines = [f"==== racefuzz: {what} {table} (design {design}, backend {backend}) ===="]
+    verdict = []
     if outcome.corruptions:
-        lines.append(
+        verdict.append(
             f"verdict: manifested corruption: {len(outcome.corruptions)} read range(s) differ from the sequential "
             f"reference; happens-before: {len(outcome.races)} unordered conflicting pair(s)"
         )
     elif outcome.races:
-        lines.append(
+        verdict.append(
             f"verdict: happens-before: {len(outcome.races)} unordered conflicting pair(s), not manifested under "
             "this schedule"
         )
-    for violation in outcome.violations[:5]:
-        lines.append(f"  allocation: {violation}")
-    if race is not None:
-        writer, reader = (race.second, race.first) if race.kind.value == "WAR" else (race.first, race.second)
-        lines.append(f"  write:  {_where(writer)}")
-        lines.append(f"          cells {_cells(writer.writes)}")
-        lines.append(f"  read:   {_where(reader)}")
-        lines.append(f"          cells {_cells(reader.reads)}")
-        lines.append(f"  shared: {_cells(race.cells)}")
-        if masked_conflict(race):
-            lines.append(
-                "  masked column: ordering conflict, no corruption (the reader loads these cells but does not use "
-                "their values)"
-            )
-        if HOST in (writer.stream.name, reader.stream.name):
-            lines.append("  host: one side is the host itself; only a host-side sync can order it")
+    verdict.extend(f"  allocation: {violation}" for violation in outcome.violations[:5])
+    values = []
     for corruption in outcome.corruptions[:3]:
-        lines.append(f"  values read by op #{corruption.read.index} {corruption.read.kernel}:")
-        lines.extend(_corruption_lines(corruption, outcome))
-    if race is not None:
-        lines.append(f"  missing edge: {race.missing_edge()}")
+        values.append(f"  values read by op #{corruption.read.index} {corruption.read.kernel}:")
+        values.extend(_corruption_lines(corruption, outcome))
     others = [r for r in outcome.races if r is not race]
-    if others:
-        lines.append(f"  other unordered pairs ({len(others)}):")
-        for other in others[:5]:
-            lines.append(f"    {other}")
-        if len(others) > 5:
-            lines.append(f"    ... and {len(others) - 5} more")
+    more = [f"  other unordered pairs ({len(others)}):"] if others else []
+    more.extend(f"    {other}" for other in others[:5])
+    if len(others) > 5:
+        more.append(f"    ... and {len(others) - 5} more")
+    return layout(
+        Report(
+            tool="racefuzz",
+            title=f"{what} {table} (design {design}, backend {backend})",
+            verdict=tuple(verdict),
+            # The values read are the evidence of the race told in full; with no race, they stand alone.
+            races=() if race is None else (_race_account(race, tuple(values)),),
+            more_races=tuple(more) if race is not None else (*values, *more),
+            schedule=tuple(_schedule_lines(outcome, scenario)),
+            replay="" if replay_path is None else f"racefuzz replay {replay_path}",
+        )
+    )
+
+
+def _race_account(race: Race, evidence: tuple[str, ...]) -> RaceAccount:
+    """The model's race told in full: the writer and the reader by their program ops, with their cells."""
+    writer, reader = (race.second, race.first) if race.kind.value == "WAR" else (race.first, race.second)
+    notes = []
+    if masked_conflict(race):
+        notes.append(
+            "  masked column: ordering conflict, no corruption (the reader loads these cells but does not use "
+            "their values)"
+        )
+    if HOST in (writer.stream.name, reader.stream.name):
+        notes.append("  host: one side is the host itself; only a host-side sync can order it")
+    return RaceAccount(
+        accesses=(
+            Access("write", _where(writer), f"cells {_cells(writer.writes)}"),
+            Access("read", _where(reader), f"cells {_cells(reader.reads)}"),
+        ),
+        shared=("shared", _cells(race.cells)),
+        missing_edge=race.missing_edge(),
+        notes=tuple(notes),
+        evidence=evidence,
+    )
+
+
+def _schedule_lines(outcome: Outcome, scenario: Scenario) -> list[str]:
+    """The counterexample's workload and delays, and its forced orders against issue order."""
     w, s = outcome.workload, outcome.schedule
     ops = outcome.program.ops
 
@@ -334,19 +443,17 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     delays = [f"spin {v:g} us on the stream before {at(k)}" for k, v in s.device_delays.items()]
     delays += [f"read spin {v:g} us inside {at(k)}" for k, v in s.read_spins.items()]
     delays += [f"host delay {v:g} us before {at(k)}" for k, v in s.host_delays.items()]
-    lines.append(
+    lines = [
         f"  counterexample: {scenario.describe(w)}; {s.nonzero_delays} non-zero delay(s)"
         + (f": {'; '.join(delays)}" if delays else "")
-    )
+    ]
     # Forced orders against issue order are what the counterexample chose; the others keep issue order.
     inverted = [(a, b) for a, b in s.orders if a > b]
     for first, then in inverted:
         lines.append(f"  forced: {at(first)} finished before {at(then)} started (a gate)")
     if len(s.orders) > len(inverted):
         lines.append(f"  forced in issue order (gates): {len(s.orders) - len(inverted)} other racing pair(s)")
-    if replay_path is not None:
-        lines.append(f"  replay: racefuzz replay {replay_path}")
-    return "\n".join(lines)
+    return lines
 
 
 def save_counterexample(

@@ -371,7 +371,7 @@ def replay_trace(
     from racefuzz.confirm import confirm
     from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.oracle import masked
-    from racefuzz.trace.report import latent_lines
+    from racefuzz.trace.report import latent_lines, race_text
     from racefuzz.trace.search import (
         SERIALIZED_REPEATS,
         judge_run,
@@ -408,7 +408,7 @@ def replay_trace(
             "the happens-before verdict of the recorded trace is reported instead"
         )
         for race in races:
-            print(race.explain())
+            print(race_text(race))
         print(*latent_lines(judgement.latent), sep="\n", end="\n" if judgement.latent else "")
         if races:
             print(f"reproduced as {len(races)} happens-before race(s) (no value check on the CPU)")
@@ -420,7 +420,7 @@ def replay_trace(
         )
         return ExitCode.CLEAN
     for race in races:
-        print(race.explain())
+        print(race_text(race))
     print(*latent_lines(judgement.latent), sep="\n", end="\n" if judgement.latent else "")
     # As in the search that wrote the file: what differs between serialized runs without any delay is not
     # compared, and a divergence counts only k of k (racefuzz.confirm) and if the step without the schedule

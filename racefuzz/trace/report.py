@@ -1,9 +1,10 @@
 """A traced step's report and replay file.
 
-The report opens with the same kind of greppable header as `racefuzz run`'s (`==== racefuzz trace: ...
-====`), then every happens-before race (both launches with kernel, stream and the Python line that
-launched each, the bytes as elements, the missing edge in words), the kernels whose sets were assumed,
-and the value oracle's verdict with its shrunk delay points and the command that replays them.
+The report is laid out as `racefuzz run`'s (`racefuzz.report.layout`): the greppable header (`====
+racefuzz trace: ... ====`), what was recorded and the kernels whose sets were assumed, then every
+happens-before race (both launches by kernel, stream and the Python line that launched each, the bytes as
+elements, the missing edge in words), and the value oracle's verdict with its shrunk delay points, how it
+was confirmed and the command that replays them.
 
 The replay file (JSON) is a `racefuzz run` replay file's format (`racefuzz.report.FORMAT`) of kind
 `trace`: it names the step as `module:function`, the device, the watched tensors and the delay points;
@@ -24,9 +25,9 @@ import os
 from pathlib import Path
 
 from racefuzz import __version__
-from racefuzz.report import FORMAT, FORMAT_VERSION
+from racefuzz.report import FORMAT, FORMAT_VERSION, Access, RaceAccount, Report, layout, race_lines
 from racefuzz.trace.convert import TraceRace
-from racefuzz.trace.model import HOST
+from racefuzz.trace.model import HOST, TraceLaunch
 from racefuzz.trace.oracle import Nondeterminism
 from racefuzz.trace.recorder import RunRecord
 from racefuzz.trace.search import DelayPoint, TraceResult
@@ -45,55 +46,87 @@ MAX_REPLAY_DELAY_US = 1e7
 def render(result: TraceResult, replay_path: Path | None = None) -> str:
     races = result.races
     verdict = ("RACE (value-only)" if result.value_only else "RACE") if result.racy else "no race"
-    lines = [f"==== racefuzz trace: {verdict} in {result.step} ({result.device}) ===="]
-    launches = len(result.reference.launch_ops)
-    lines.append(f"recorded {launches} launches on streams {', '.join(result.reference.trace.streams)}")
-    if result.reference.trace.assumed_kernels:
-        lines.append(
+    trace = result.reference.trace
+    context = [f"recorded {len(result.reference.launch_ops)} launches on streams {', '.join(trace.streams)}"]
+    if trace.assumed_kernels:
+        context.append(
             "read/write sets assumed (every tensor argument read and written over its view; annotate them with "
-            "racefuzz.trace.annotate): " + ", ".join(result.reference.trace.assumed_kernels)
+            "racefuzz.trace.annotate): " + ", ".join(trace.assumed_kernels)
         )
-    if result.reference.trace.whole_view_indexing:
-        lines.append(
+    if trace.whole_view_indexing:
+        context.append(
             "index ops recorded over their whole views (their index values could not be read where they are "
-            "the ones the op sees: a conservative set): " + ", ".join(result.reference.trace.whole_view_indexing)
+            "the ones the op sees: a conservative set): " + ", ".join(trace.whole_view_indexing)
         )
-    lines.append(f"happens-before: {len(races)} unordered conflicting pair(s)")
-    for race in races[:MAX_RACES_SHOWN]:
-        lines.append(race.explain())
-    if len(races) > MAX_RACES_SHOWN:
-        lines.append(f"... and {len(races) - MAX_RACES_SHOWN} more")
-    lines.extend(latent_lines(result.latent))
-    lines.extend(_nondeterministic_lines(result))
+    more = [f"... and {len(races) - MAX_RACES_SHOWN} more"] if len(races) > MAX_RACES_SHOWN else []
+    findings = [*latent_lines(result.latent), *_nondeterministic_lines(result)]
+    schedule: list[str] = []
+    confirmation: list[str] = []
+    replay = ""
     if not result.searched:
-        lines.append(f"value oracle: not run {result.skipped}")
+        findings.append(f"value oracle: not run {result.skipped}")
     elif result.divergence is None:
         tried = f" and {result.replayed} saved delay set(s)" if result.replayed else ""
-        lines.append(f"value oracle: no divergence from the serialized run in {result.examples} fuzzed run(s){tried}")
+        findings.append(
+            f"value oracle: no divergence from the serialized run in {result.examples} fuzzed run(s){tried}"
+        )
     else:
-        lines.append(f"value oracle: {result.divergence}")
-        lines.append(
+        findings.append(f"value oracle: {result.divergence}")
+        schedule.append(
             "  delays: " + (", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays) or "none")
         )
         flaky = "" if result.manifested else ": flaky, not counted as a race (a divergence counts only k of k)"
-        lines.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
+        confirmation.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
         if result.replayed:
             found = "found by one of them" if result.examples == 0 else f"then {result.examples} fuzzed run(s)"
-            lines.append(f"  tried first: {result.replayed} saved delay set(s) of the failure database, {found}")
-        lines.append(
+            confirmation.append(f"  tried first: {result.replayed} saved delay set(s) of the failure database, {found}")
+        confirmation.append(
             f"  not without the schedule: {result.serialized_runs} serialized run(s) without delays agree with each "
             "other where the oracle compares"
         )
         if result.value_only:
-            lines.append(
+            confirmation.append(
                 "  value-only: happens-before found no unordered pair, yet this schedule changes what the step "
                 "stores, k of k, and the step without it does not: an access or a sync racefuzz does not see or "
                 "models wrongly (a kernel's annotation, a C++ extension's own stream or sync, memory outside the "
                 "recorded storages)"
             )
         if replay_path is not None:
-            lines.append(f"  replay: racefuzz trace --replay {replay_path}")
-    return "\n".join(lines)
+            replay = f"racefuzz trace --replay {replay_path}"
+    return layout(
+        Report(
+            tool="racefuzz trace",
+            title=f"{verdict} in {result.step} ({result.device})",
+            context=tuple(context),
+            verdict=(f"happens-before: {len(races)} unordered conflicting pair(s)",),
+            races=tuple(race_account(race) for race in races[:MAX_RACES_SHOWN]),
+            more_races=tuple(more),
+            findings=tuple(findings),
+            schedule=tuple(schedule),
+            confirmation=tuple(confirmation),
+            replay=replay,
+        )
+    )
+
+
+def race_account(race: TraceRace) -> RaceAccount:
+    """A traced race told in full: both launches by kernel, stream, what they are and the source line that
+    issued each (in issue order), the bytes they share as elements of the step's tensors."""
+
+    def launch(side: TraceLaunch) -> str:
+        return f"{side.kernel} on {side.stream}  ({side.kind}{', sets assumed' if side.assumed else ''})  {side.source}"
+
+    return RaceAccount(
+        accesses=(Access("first", launch(race.first)), Access("second", launch(race.second))),
+        shared=("bytes", ", ".join(race.where)),
+        missing_edge=race.race.missing_edge(),
+        heading=f"{race.race.kind} race between two launches on different streams with no happens-before edge:",
+    )
+
+
+def race_text(race: TraceRace) -> str:
+    """`race_account(race)` as the report prints it (for output beside a report: a replay's races)."""
+    return "\n".join(race_lines(race_account(race)))
 
 
 def _nondeterministic_lines(result: TraceResult) -> list[str]:
@@ -217,7 +250,7 @@ def latent_lines(latent: list[TraceRace]) -> list[str]:
         "free that no later allocation in the trace reuses (harmless here; a corruption once the program "
         "allocates on the block's stream again: record_stream the tensor, or make that stream wait before the free)"
     ]
-    lines.extend(race.explain() for race in latent[:MAX_RACES_SHOWN])
+    lines.extend(race_text(race) for race in latent[:MAX_RACES_SHOWN])
     if len(latent) > MAX_RACES_SHOWN:
         lines.append(f"... and {len(latent) - MAX_RACES_SHOWN} more")
     return lines
