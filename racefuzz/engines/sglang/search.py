@@ -66,6 +66,10 @@ def loop_step(python_dir: str, sgl: Any, adapter: Any, barrier: bool, read_done:
     from racefuzz.engines.sglang.stubs import LAUNCH_SITES
 
     def step(env: Any, workload: Any) -> None:
+        # A fresh config per run, as the harness's run_version makes: sglang writes derived values into it
+        # (0.5.15 scheduler.py:910 sets pp_max_micro_batch_size from the first run's pool once unset), so a
+        # shared one would give every later workload the first one's admission bound.
+        sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
         LAUNCH_SITES.clear()
         start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, None)
         try:
