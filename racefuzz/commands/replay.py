@@ -22,7 +22,7 @@ from racefuzz.commands import ParserFactory, argtypes
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
 
-KINDS = ("model", "trace")
+KINDS = ("model", "trace", "sglang")
 """The kinds of counterexample a replay file holds."""
 
 
@@ -48,7 +48,9 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.watchdog import StopRequested, stoppable
 
     data = read_json_file(args.file)  # bounded, regular files only: `racefuzz replay /dev/zero` is one line
-    replay = {"model": _model_replay, "trace": _trace_replay}[replay_kind(data, args.file)](data, args)
+    replay = {"model": _model_replay, "trace": _trace_replay, "sglang": _sglang_replay}[replay_kind(data, args.file)](
+        data, args
+    )
     try:
         with stoppable(args.example_timeout):  # a hung hook, kernel or step is abandoned, Ctrl-C stops between runs
             return replay()
@@ -114,6 +116,38 @@ def _model_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCo
                 # happens-before race, which does not depend on the timing.
                 print(f"flaky: the corruption is confirmed only {manifested}/{args.repeat}; the verdict is the race")
         return ExitCode.RACE
+
+    return runs
+
+
+def _sglang_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCode]:
+    """A `racefuzz sglang --workload search` counterexample: its workload run again on the sglang version it
+    names (its sources fetched), with the barrier as the version has it and beside the control, as
+    `racefuzz sglang --version V --workload FILE` runs it. Happens-before on a deterministic host program:
+    one run (`--repeat` does not apply)."""
+    from racefuzz.commands.sglang import DEFAULT_TIMEOUT_S, format_result, run_harness, version_verdict
+    from racefuzz.engines.sglang import sources
+    from racefuzz.engines.sglang.workload import Workload
+
+    assert isinstance(data, dict)  # replay_kind checked it
+    version = data.get("sglang_version")
+    if not isinstance(version, str) or version == "unknown":
+        raise ReplayError(
+            f"{args.file}: names no sglang version (a search of a checkout): run racefuzz sglang --source DIR "
+            f"--workload {args.file}"
+        )
+    try:
+        workload = Workload.from_json(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReplayError(f"{args.file}: not an sglang workload ({type(exc).__name__}: {exc})") from None
+    python_dir = sources.locate(version=version)  # not fetched: one line naming the fetch command
+    read_done = data.get("read_done") or "none"
+
+    def runs() -> ExitCode:
+        result = run_harness(python_dir, [workload.to_json()], True, version, DEFAULT_TIMEOUT_S, str(read_done))
+        result["label"] = version
+        print(format_result(result))
+        return version_verdict(result, control=True)
 
     return runs
 

@@ -93,3 +93,26 @@ def test_search_refuses_what_it_does_not_do(capsys: pytest.CaptureFixture[str]) 
     ):
         assert main(["sglang", "--version", "0.5.23", "--workload", "search", *extra]) == ExitCode.USAGE
         assert said in capsys.readouterr().err
+
+
+def test_racefuzz_replay_reruns_an_sglang_counterexample(tmp_path: Path) -> None:
+    """A `kind: sglang` replay file (what --workload search writes) replays through `racefuzz replay`:
+    0.5.15's one-request stream races again (exit 1), beside its caught control; a file naming a version
+    whose sources are not here, or none, is one line and exit 2."""
+    from racefuzz.report import FORMAT, FORMAT_VERSION
+
+    _sources_or_skip("0.5.15")
+    replay = {"format": FORMAT, "version": FORMAT_VERSION, "kind": "sglang", "sglang_version": "0.5.15"}
+    replay.update({"read_done": "none", "requests": [["r0", 0, 1, 2]], "max_iterations": 40, "pool_rows": 1})
+    path = tmp_path / "sglang-replay.json"
+    path.write_text(json.dumps(replay))
+    done = subprocess.run([sys.executable, "-m", "racefuzz.cli", "replay", str(path)], capture_output=True, text=True)
+    assert done.returncode == ExitCode.RACE, done.stdout + done.stderr
+    assert "memory_pool.py" in done.stdout and "caught" in done.stdout
+    for version in ("9.9.9", "unknown"):
+        path.write_text(json.dumps(dict(replay, sglang_version=version)))
+        done = subprocess.run(
+            [sys.executable, "-m", "racefuzz.cli", "replay", str(path)], capture_output=True, text=True
+        )
+        assert done.returncode == ExitCode.USAGE, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
