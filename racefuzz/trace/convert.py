@@ -151,18 +151,6 @@ class TraceRace:
     def __str__(self) -> str:
         return f"{self.race.kind} {self.first.describe()} -> {self.second.describe()} on {', '.join(self.where)}"
 
-    def explain(self) -> str:
-        """Both accesses, the bytes, and the missing edge in words."""
-        a, b = self.first, self.second
-        lines = [
-            f"{self.race.kind} race between two launches on different streams with no happens-before edge:",
-            f"  first : {a.kernel} on {a.stream}  ({a.kind}{', sets assumed' if a.assumed else ''})  {a.source}",
-            f"  second: {b.kernel} on {b.stream}  ({b.kind}{', sets assumed' if b.assumed else ''})  {b.source}",
-            f"  bytes : {', '.join(self.where)}",
-            f"  {self.race.missing_edge()}",
-        ]
-        return "\n".join(lines)
-
 
 @dataclass(frozen=True)
 class TraceJudgement:

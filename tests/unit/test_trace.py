@@ -18,7 +18,7 @@ from racefuzz.trace.convert import find_trace_races  # noqa: E402
 from racefuzz.trace.env import TraceEnv  # noqa: E402
 from racefuzz.trace.oracle import compare  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
-from racefuzz.trace.report import load_replay, render, replay_json  # noqa: E402
+from racefuzz.trace.report import load_replay, race_text, render, replay_json  # noqa: E402
 from racefuzz.trace.search import fuzz, run_once, search_delays  # noqa: E402
 
 
@@ -218,7 +218,7 @@ def test_an_unannotated_kernel_gets_the_conservative_default_once():
     assert reference.trace.assumed_kernels == ["gather_rows"]
     races = find_trace_races(reference.trace)
     assert races and all(r.first.assumed for r in races)  # the whole table is assumed read (and written)
-    assert "sets assumed" in races[0].explain()
+    assert "sets assumed" in race_text(races[0])
 
 
 class Flaky:

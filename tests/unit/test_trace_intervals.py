@@ -16,6 +16,7 @@ from racefuzz.trace.model import (
     TraceStreamSync,
     TraceWait,
 )
+from racefuzz.trace.report import race_text
 
 # A 4 x 16 int32 table: 64 bytes per row.
 ROW = 64
@@ -90,7 +91,7 @@ def test_a_write_inside_a_row_conflicts_with_a_read_of_the_table():
     assert [str(r.race.kind) for r in races] == ["WAR"]
     assert races[0].where == ("req_to_token[1, 4:8]",)
     assert races[0].first.kernel == "read_all" and races[0].second.source == "step.py:1"
-    assert "schedule had never synchronized with forward" in races[0].explain()
+    assert "schedule had never synchronized with forward" in race_text(races[0])
 
 
 def test_an_event_or_a_host_sync_orders_the_pair():
