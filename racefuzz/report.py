@@ -399,7 +399,7 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
             title=f"{what} {table} (design {design}, backend {backend})",
             verdict=tuple(verdict),
             # The values read are the evidence of the race told in full; with no race, they stand alone.
-            races=() if race is None else (_race_account(race, tuple(values)),),
+            races=() if race is None else (race_account(race, tuple(values)),),
             more_races=tuple(more) if race is not None else (*values, *more),
             schedule=tuple(_schedule_lines(outcome, scenario)),
             replay="" if replay_path is None else f"racefuzz replay {replay_path}",
@@ -407,7 +407,7 @@ def render(outcome: Outcome, *, design: str, backend: str, replay_path: Path | N
     )
 
 
-def _race_account(race: Race, evidence: tuple[str, ...]) -> RaceAccount:
+def race_account(race: Race, evidence: tuple[str, ...] = ()) -> RaceAccount:
     """The model's race told in full: the writer and the reader by their program ops, with their cells."""
     writer, reader = (race.second, race.first) if race.kind.value == "WAR" else (race.first, race.second)
     notes = []
@@ -418,11 +418,18 @@ def _race_account(race: Race, evidence: tuple[str, ...]) -> RaceAccount:
         )
     if HOST in (writer.stream.name, reader.stream.name):
         notes.append("  host: one side is the host itself; only a host-side sync can order it")
-    return RaceAccount(
-        accesses=(
+    if race.kind.value == "WAW":  # two writers: each by what it writes (a WAW has no reader)
+        accesses = (
+            Access("write", _where(race.first), f"cells {_cells(race.first.writes)}"),
+            Access("write", _where(race.second), f"cells {_cells(race.second.writes)}"),
+        )
+    else:
+        accesses = (
             Access("write", _where(writer), f"cells {_cells(writer.writes)}"),
             Access("read", _where(reader), f"cells {_cells(reader.reads)}"),
-        ),
+        )
+    return RaceAccount(
+        accesses=accesses,
         shared=("shared", _cells(race.cells)),
         missing_edge=race.missing_edge(),
         notes=tuple(notes),

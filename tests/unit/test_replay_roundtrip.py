@@ -114,4 +114,4 @@ def test_a_legacy_trace_replay_file_and_a_model_file_without_kind_still_replay(t
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({**json.loads(committed.read_text()), "kind": "vllm"}))
     assert main(["replay", str(unknown)]) == ExitCode.USAGE
-    assert "\"kind\" must be one of model, trace, got 'vllm'" in capsys.readouterr().err
+    assert "\"kind\" must be one of model, trace, sglang, got 'vllm'" in capsys.readouterr().err

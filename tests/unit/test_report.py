@@ -41,3 +41,23 @@ def test_without_the_culprit_a_race_of_the_read_leads_then_the_first_race() -> N
     assert primary_race(replace(outcome, corruptions=no_culprit, races=others + of_read)) is of_read[0]
     assert primary_race(replace(outcome, corruptions=[])) is outcome.races[0]
     assert primary_race(replace(outcome, corruptions=[], races=[])) is None
+
+
+def test_a_waw_race_names_both_writers_and_what_each_writes() -> None:
+    """A WAW has no reader: both accesses are told as writes, each with the cells it writes (the reader's
+    line once said `read:` with no cells)."""
+    from racefuzz.device import Device
+    from racefuzz.hb import RaceKind, find_races
+    from racefuzz.report import race_account, race_lines
+
+    device = Device()
+    forward, schedule = device.stream("forward_stream"), device.stream("schedule_stream")
+    table = device.buffer("req_to_token", 4, 16)
+    schedule.launch("prefill_write", writes=[(table[1, 0:4], 1)])
+    forward.launch("overalloc_write", writes=[(table[1, 2:6], 2)])
+    (race,) = find_races(device.finish())
+    assert race.kind is RaceKind.WAW
+    text = "\n".join(race_lines(race_account(race)))
+    assert "read:" not in text
+    assert text.count("write:") == 2 and "prefill_write" in text and "overalloc_write" in text
+    assert "req_to_token[1, 0:4]" in text and "req_to_token[1, 2:6]" in text
