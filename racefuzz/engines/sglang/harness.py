@@ -72,9 +72,7 @@ def run_version(
     holder: dict[str, Any] = {}
     syncs: dict[str, int] = {}
     start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, syncs)
-    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
-    if device == "cuda":
-        sgl.server_args.device = "cuda"
+    harness_scheduler.configure(sgl, adapter, workload, device)
 
     def step(env: Any) -> None:
         try:
@@ -113,6 +111,26 @@ def run_version(
     }
 
 
+def load_version(python_dir: str, sglang_version: str | None, out: dict[str, Any]) -> Any:
+    """Import the sources at `python_dir` (stubs installed first) and return the version's adapter; the
+    version, the adapter's name and the import time go into `out`. `Unsupported` for a version the harness
+    cannot drive."""
+    from racefuzz.engines.sglang.adapters import adapter_for
+
+    sys.path.insert(0, python_dir)
+    os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
+    version = source_version(python_dir)
+    if version == "unknown" and sglang_version:
+        version = sglang_version
+    out["version"] = version
+    adapter = adapter_for(version, python_dir)
+    out["adapter"] = adapter.name
+    import_began = time.perf_counter()
+    adapter.check(None)
+    out["import_seconds"] = round(time.perf_counter() - import_began, 3)
+    return adapter
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="racefuzz.engines.sglang.harness")
     parser.add_argument("--python-dir", required=True)
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     try:
         from racefuzz.engines.sglang import stubs
-        from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
+        from racefuzz.engines.sglang.adapters import Unsupported
         from racefuzz.engines.sglang.workload import FIXED, Workload
 
         texts = [json.loads(text) for text in args.workload]
@@ -154,18 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
             resolve_device("cuda")  # NoGpu in one line if torch sees none
             out["control_switch"] = "_apply_war_barrier's flag off (is_cuda() is True)"
-        sys.path.insert(0, args.python_dir)
-        os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
-        version = source_version(args.python_dir)
-        if version == "unknown" and args.sglang_version:
-            version = args.sglang_version
-        out["version"] = version
-        adapter = adapter_for(version, args.python_dir)
-        out["adapter"] = adapter.name
-        import_began = time.perf_counter()
-        adapter.check(None)
-        out["import_seconds"] = round(time.perf_counter() - import_began, 3)
-        sgl = SimpleNamespace(server_args=None, device_module=None)  # the config: per workload (run_version)
+        adapter = load_version(args.python_dir, args.sglang_version, out)
+        sgl = SimpleNamespace(server_args=None, device_module=None)  # the config: per workload (scheduler.configure)
         if any(workload.spec == "dflash" for workload in workloads):
             out["control_switch"] = (
                 out.get("control_switch", "SGLANG_ENABLE_WAR_BARRIER=0")

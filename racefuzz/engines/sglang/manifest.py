@@ -70,13 +70,11 @@ def manifest_workload(
     """Fuzz sglang's loop on `workload` (the WAR barrier as the version has it) on `device`: the
     happens-before races of a serialized run, the aimed delays, and what `fuzz` found (divergence,
     delays, k of k, runs, seconds) as JSON. `sgl` and `adapter` as the harness's `main` made them."""
-    from racefuzz.engines.sglang.scheduler import build_and_run
+    from racefuzz.engines.sglang.scheduler import build_and_run, configure
     from racefuzz.trace.convert import find_trace_races
     from racefuzz.trace.search import fuzz, run_once
 
-    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)  # as run_version
-    if device == "cuda":
-        sgl.server_args.device = "cuda"
+    configure(sgl, adapter, workload, device)
 
     def step(env: Any) -> None:
         build_and_run(env, sgl, adapter, workload, True, read_done=read_done)

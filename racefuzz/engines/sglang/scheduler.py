@@ -88,6 +88,15 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def configure(sgl: Any, adapter: Any, workload: Any, device: str = "cpu") -> None:
+    """A fresh server config for one run of `workload`: sglang writes derived values into it (0.5.15
+    scheduler.py:910 sets `pp_max_micro_batch_size` from the first run's pool once unset), so a shared one
+    would give every later workload the first one's admission bound."""
+    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
+    if device == "cuda":
+        sgl.server_args.device = "cuda"
+
+
 def build_and_run(
     env: Any,
     sgl: Any,

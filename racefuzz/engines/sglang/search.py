@@ -66,10 +66,7 @@ def loop_step(python_dir: str, sgl: Any, adapter: Any, barrier: bool, read_done:
     from racefuzz.engines.sglang.stubs import LAUNCH_SITES
 
     def step(env: Any, workload: Any) -> None:
-        # A fresh config per run, as the harness's run_version makes: sglang writes derived values into it
-        # (0.5.15 scheduler.py:910 sets pp_max_micro_batch_size from the first run's pool once unset), so a
-        # shared one would give every later workload the first one's admission bound.
-        sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
+        harness_scheduler.configure(sgl, adapter, workload)  # a fresh config per run, as run_version makes
         LAUNCH_SITES.clear()
         start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, None)
         try:
@@ -132,29 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from racefuzz.commands.run import example_database
         from racefuzz.engines.sglang import stubs
-        from racefuzz.engines.sglang.adapters import Unsupported, adapter_for
-        from racefuzz.engines.sglang.harness import run_version, source_version
+        from racefuzz.engines.sglang.adapters import Unsupported
+        from racefuzz.engines.sglang.harness import load_version, run_version
         from racefuzz.search.corpus import WorkloadCorpus, workload_corpus_key
         from racefuzz.trace.search import fuzz
 
         out["stubbed"] = stubs.install()
         out["device"] = "cpu"
-        sys.path.insert(0, args.python_dir)
-        os.environ.setdefault("SGLANG_ENABLE_WAR_BARRIER", "1")
-        version = source_version(args.python_dir)
-        if version == "unknown" and args.sglang_version:
-            version = args.sglang_version
-        out["version"] = version
-        adapter = adapter_for(version, args.python_dir)
-        out["adapter"] = adapter.name
-        import_began = time.perf_counter()
-        adapter.check(None)
-        out["import_seconds"] = round(time.perf_counter() - import_began, 3)
+        adapter = load_version(args.python_dir, args.sglang_version, out)
+        version = out["version"]
         out["read_done"] = args.read_done
-        # The config is the search's (its options are fixed), made once, before any recording.
-        sgl = SimpleNamespace(
-            server_args=adapter.server_args(None, spec=args.spec, radix_cache=args.radix_cache), device_module=None
-        )
+        sgl = SimpleNamespace(server_args=None, device_module=None)  # the config: per run (scheduler.configure)
         drawn = strategy(args.spec, args.plan_stream, args.attention, args.radix_cache, args.max_output)
         options = dict(device="cpu", examples=args.examples, seed=args.seed, confirm=args.confirm)
         step = loop_step(args.python_dir, sgl, adapter, True, args.read_done)
