@@ -138,6 +138,41 @@ def _live(recorder: StreamRecorder, what: str) -> StreamRecorder:
     return recorder
 
 
+_DEDICATED: dict[tuple[str, int], Any] = {}
+"""The GPU streams `TraceEnv.stream` hands out, per (device, k-th call in a run), made once per process."""
+
+
+def _dedicated_stream(device: str, k: int) -> Any:
+    """The `k`-th stream a run's `env.stream(...)` returns on `device`: the same CUDA stream in every run of
+    the process, and never one of torch's pooled streams.
+
+    Why: `torch.cuda.Stream()` hands out a pool of 32 streams round-robin, so a stream the step or torch makes
+    later in the process (`torch.cuda.graph`'s capture stream, an engine's own streams) can be the very CUDA
+    stream an earlier run named `schedule`; the recorder names streams by handle, so a fuzzed run would then
+    see a launch on `schedule` that the reference run saw on `stream#3` (a control-flow divergence that no
+    schedule caused). A stream created outside the pool (CuPy's `cudaStreamCreateWithFlags`, non-blocking as
+    torch's pooled streams are) is never handed out again. Without CuPy the pooled stream is kept per process
+    (stable across runs; it aliases only if the step makes 32 streams of its own)."""
+    import torch
+
+    key = (device, k)
+    stream = _DEDICATED.get(key)
+    if stream is None:
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        try:
+            import cupy
+        except ImportError:
+            with torch.cuda.device(index):
+                stream = torch.cuda.Stream()
+        else:
+            with cupy.cuda.Device(index):
+                handle = cupy.cuda.runtime.streamCreateWithFlags(cupy.cuda.runtime.streamNonBlocking)
+            stream = torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
+        _DEDICATED[key] = stream
+    return stream
+
+
 class TraceEnv:
     """What racefuzz hands a step: `device`, `stream(name)`, `use(stream)`, `event(name)`, `synchronize()`,
     `name(tensor, name)`. A step written against it runs on the GPU and, recorded, on the CPU."""
@@ -145,6 +180,7 @@ class TraceEnv:
     def __init__(self, recorder: StreamRecorder, device: str) -> None:
         self._recorder = recorder
         self.device = device
+        self._streams_made = 0
 
     @property
     def on_gpu(self) -> bool:
@@ -153,9 +189,8 @@ class TraceEnv:
     def stream(self, name: str) -> Any:
         """A new stream named `name` (a `torch.cuda.Stream` on the GPU)."""
         if self.on_gpu:
-            import torch
-
-            stream = torch.cuda.Stream()
+            stream = _dedicated_stream(self.device, self._streams_made)
+            self._streams_made += 1
             self._recorder.name_stream(stream.cuda_stream, name)
             return stream
         stream = VirtualStream(self._recorder, name)

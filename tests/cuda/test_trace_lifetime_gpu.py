@@ -79,6 +79,7 @@ def test_the_reuse_race_manifests_and_the_latent_hazard_does_not():
     seen = in_a_fresh_process(
         """
 import json
+from racefuzz.trace import fuzz
 from tests.unit.test_trace_lifetime import lifetime_step
 reused = fuzz(lifetime_step("default"), device="cuda", examples=40, seed=0)
 latent = fuzz(lifetime_step("none"), device="cuda", examples=40, seed=0)
