@@ -25,6 +25,22 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 STUBBED = (
+    # Light packages imported at module level that a bare torch host (the H200's) lacks; the CPU CI has some
+    # of them real (pip's own dependencies), and 0.5.14, 0.5.15, 0.5.16, 0.5.23 give the same verdicts
+    # with all of them stubbed.
+    "IPython",
+    "PIL",
+    "requests",
+    "yaml",
+    "tqdm",
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "certifi",
+    "charset_normalizer",
+    "idna",
+    "urllib3",
     "triton",
     "torchvision",
     "transformers",
@@ -467,16 +483,24 @@ def define_stubbed_operators(packages: Iterable[str]) -> list[str]:
     return defined
 
 
+ALWAYS_STUBBED = ("transformers", "huggingface_hub", "tokenizers", "safetensors")
+"""Stubbed even where installed, on both devices, so that every host runs the loop against what the CPU CI
+(which installs none of them) has: a host's newer transformers registers model configs that sglang 0.5.14-0.5.16
+register again at import ("'qwen3_asr' is already used by a Transformers config"), a host's transformers may
+import audio packages it lacks (`soxr` on the H200 host), and a real huggingface_hub under a stubbed
+transformers refuses sglang's config classes ("must be a dataclass before applying @strict"). The loop calls
+none of them."""
+
 FORCE_ENV = "RACEFUZZ_SGLANG_STUB"
-"""Comma-separated packages to stub even when installed (besides Triton)."""
+"""Comma-separated packages to stub even when installed (besides Triton and `ALWAYS_STUBBED`)."""
 
 
 def install(force: Iterable[str] = ("triton",)) -> list[str]:
     """Put a `StubFinder` first on `sys.meta_path` for every package of `STUBBED` that is not importable,
-    and for those in `force` even when it is; returns the stubbed names (sorted). Call it in the harness's
-    subprocess only: it changes imports for the whole process."""
+    and for `ALWAYS_STUBBED` and those in `force` even when they are; returns the stubbed names (sorted).
+    Call it in the harness's subprocess only: it changes imports for the whole process."""
     _settle_torch_before_triton_stub()
-    force = tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
+    force = ALWAYS_STUBBED + tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
     roots = []
     for name in (*STUBBED, *(name for name in force if name not in STUBBED)):
         if name in force:

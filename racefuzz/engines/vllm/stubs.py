@@ -118,6 +118,11 @@ def _settle_torch() -> None:
     import torch._inductor.select_algorithm  # noqa: F401
 
 
+ALWAYS_STUBBED = ("transformers",)
+"""Stubbed even where installed, on both devices, as the CPU CI (which does not install it) has it: a host's
+transformers may import packages the host lacks (the H200 host's imports `soxr` from `audio_utils`, and both
+0.10.2 and 0.33.0 failed there on it); the runner's step calls none of it."""
+
 FORCE_ENV = "RACEFUZZ_VLLM_STUB"
 """Comma-separated packages to stub even when installed (ci/vllm_gpu.sh: light packages a bare GPU host
 lacks, stubbed on the CPU too in its dry run)."""
@@ -125,9 +130,9 @@ lacks, stubbed on the CPU too in its dry run)."""
 
 def install(force: Iterable[str] = ("triton",)) -> list[str]:
     """Put a `StubFinder` first on `sys.meta_path` for every package of `STUBBED` not importable, and for
-    those in `force` or `$RACEFUZZ_VLLM_STUB` even when installed; returns the stubbed names (sorted).
-    Subprocess only."""
-    force = tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
+    `ALWAYS_STUBBED` and those in `force` or `$RACEFUZZ_VLLM_STUB` even when installed; returns the stubbed
+    names (sorted). Subprocess only."""
+    force = ALWAYS_STUBBED + tuple(force) + tuple(name for name in os.environ.get(FORCE_ENV, "").split(",") if name)
     if "triton" in force:
         _settle_torch()
     roots = []
@@ -148,4 +153,4 @@ def install(force: Iterable[str] = ("triton",)) -> list[str]:
     return sorted(roots)
 
 
-__all__ = ["STUBBED", "StubCalled", "install"]
+__all__ = ["ALWAYS_STUBBED", "STUBBED", "StubCalled", "install"]
