@@ -179,6 +179,8 @@ class Recorder:
         evaluate_annotations: evaluate kernels' annotations (may read device values: the reference run only).
         serialize: synchronize the device after every launch (the reference run).
         delays: (stream, n) -> microseconds to spin on `stream` before its n-th launch (0-based).
+        gates: the forced orders of the run (`racefuzz.trace.orders.Gates`): a gate's wait enqueued before its
+            `then` launch point, its signal after its `first` (after that launch's snapshots).
         snapshot_plan: ordinal -> the snapshots to take after that launch; None: take one per write
             (the reference run, which makes the plan for the fuzzed runs).
         run_kernels: False records Triton / CuPy / `launch_kernel` launches from their annotations without
@@ -199,6 +201,7 @@ class Recorder:
         snapshot_plan: Mapping[int, list[Snapshot]] | None = None,
         run_kernels: bool = True,
         watch_frees: bool | None = None,
+        gates: Any = None,
     ) -> None:
         self.device = device
         self.run_kernels = run_kernels
@@ -206,8 +209,15 @@ class Recorder:
         self.evaluate_annotations = evaluate_annotations
         self.serialize = serialize
         self.delays = dict(delays or {})
+        """(stream, n) -> microseconds: the launch points `_delay` acts at (0: a gate's point, no spin)."""
+        self.gates = gates
+        self._signal_due: tuple[str, int] | None = None
+        """The launch point whose gate signals are due after the launch in progress (`_after`)."""
+        if gates is not None:
+            for point in gates.points:
+                self.delays.setdefault(point, 0.0)
         self.snapshot_plan = snapshot_plan
-        self._snapshots_or_syncs = snapshot_plan is None or bool(snapshot_plan) or serialize
+        self._snapshots_or_syncs = snapshot_plan is None or bool(snapshot_plan) or serialize or gates is not None
         """Whether a launch is followed by snapshots or a device sync (not in a trace-only run)."""
         self.record = RunRecord(Trace())
         self.paused = 0
@@ -572,15 +582,33 @@ class Recorder:
             self._after(ordinal, writes)
 
     def _delay(self, stream: str) -> None:
-        """Count this launch on `stream` and spin before it if a delay is planned at that point."""
+        """Count this launch on `stream` and act at its launch point: spin if a delay is planned there, then
+        enqueue the waits of the gates that hold it back (and note the signals due after it)."""
         nth = self._launches_on.get(stream, 0)
         self._launches_on[stream] = nth + 1
         spin = self.delays.get((stream, nth))
         if spin:
             self._spin(spin)
             self.record.delays_applied.append((stream, nth, spin))
+        if self.gates is not None:
+            self.paused += 1
+            try:
+                self._signal_due = (stream, nth) if self.gates.before((stream, nth)) else None
+            finally:
+                self.paused -= 1
 
     def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
+        """After a launch: its snapshots, then the signals of the gates whose `first` it is."""
+        self._snapshot(ordinal, writes)
+        if self._signal_due is not None:
+            point, self._signal_due = self._signal_due, None
+            self.paused += 1
+            try:
+                self.gates.after(point)
+            finally:
+                self.paused -= 1
+
+    def _snapshot(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
         if not self.snapshot_plan and self.snapshot_plan is not None and not self.serialize:
             return  # a trace-only run: nothing to copy, nothing to wait for
         import torch
