@@ -80,7 +80,11 @@ def test_a_captures_allocation_is_no_reuse_on_the_gpu_either():
     print(judged)
     for found in judged.values():
         assert found.races == []
-        assert [(r.first.stream, r.second.kind) for r in found.latent] == [("schedule", "free")]
+    assert [(r.first.stream, r.second.kind) for r in judged["cpu"].latent] == [("schedule", "free")]
+    # On the GPU `torch.cuda.graph` synchronizes the device on entry and then allocates its RNG state on the
+    # capture stream (two `fill_`s): that allocation may get the freed block, but after the sync, so the free
+    # is neither a race nor latent there (the CPU's stand-in capture allocates nothing). Seen on the H200.
+    assert judged["cuda"].latent == []
 
 
 def test_a_replay_is_recorded_as_its_nodes_on_the_replay_stream_between_its_two_delay_points():
