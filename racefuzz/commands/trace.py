@@ -26,6 +26,7 @@ from racefuzz.errors import BackendUnavailable, InvalidArgument, ReplayError, Us
 from racefuzz.exitcodes import ExitCode
 
 if TYPE_CHECKING:
+    from racefuzz.schedule import Schedule
     from racefuzz.trace.search import TraceResult
 
 
@@ -272,9 +273,10 @@ def _run(call: Callable, step: Callable, options: dict, what: str) -> Any:
         raise UserCodeError(f"{what} failed in its reference run: {failed.summary}", failed.details) from None
 
 
-def load_trace_replay(path: Path) -> tuple[str, str, tuple[str, ...], list[tuple[str, int, float]]]:
-    """(step spec, device, watch, delays) of a trace replay file, every field checked (present, of its type,
-    in its range); any problem is a one-line `ReplayError`. The file is read as `racefuzz replay` reads its
+def load_trace_replay(path: Path) -> tuple[str, str, tuple[str, ...], Schedule]:
+    """(step spec, device, watch, schedule) of a trace replay file -- the schedule of its delay points and its
+    forced orders (`orders`, optional: a file without them has none) -- every field checked (present, of its
+    type, in its range); any problem is a one-line `ReplayError`. The file is read as `racefuzz replay` reads its
     own (`racefuzz.report.read_json_file`: bounded, regular files only)."""
     from racefuzz.report import read_json_file
     from racefuzz.trace.report import (
@@ -329,28 +331,73 @@ def load_trace_replay(path: Path) -> tuple[str, str, tuple[str, ...], list[tuple
                 f"got {us!r}"
             )
         delays.append((stream, launch, float(us)))
-    return step, device, tuple(watch), delays
+    orders = _replay_orders(path, data.get("orders", []), MAX_REPLAY_DELAYS, MAX_REPLAY_LAUNCH)
+    from racefuzz.trace.orders import real_code_schedule
+
+    try:
+        schedule = real_code_schedule(delays, orders)
+    except InvalidArgument as exc:  # a delay above the schedule's cap, two orders' points on one stream
+        raise ReplayError(f"{path}: {exc}") from None
+    return step, device, tuple(watch), schedule
 
 
-def check_delay_points(path: Path, delays: list[tuple[str, int, float]], reference: Any) -> None:
-    """Every delay point names a launch the replayed step makes (stream and n-th launch on it): a point on a
-    stream the step does not use, or past its launches, would be silently dropped, and the replay would
-    judge another schedule than the one that raced."""
+def _replay_orders(path: Path, raw: object, most: int, last_launch: int) -> list[Any]:
+    """The forced orders of a trace replay file (its optional `orders` field: a list of {"first": point,
+    "then": point}, each point {"stream": name, "launch": n}), every field checked; a one-line ReplayError."""
+    if not isinstance(raw, list) or len(raw) > most:
+        raise ReplayError(f'{path}: "orders" must be a list of at most {most} forced orders')
+    orders = []
+    for i, order in enumerate(raw):
+        if not isinstance(order, dict) or set(order) != {"first", "then"}:
+            raise ReplayError(f'{path}: forced order {i} must be {{"first": point, "then": point}}')
+        pair = []
+        for side in ("first", "then"):
+            point = order[side]
+            if not isinstance(point, dict) or set(point) != {"stream", "launch"}:
+                raise ReplayError(f'{path}: forced order {i}: "{side}" must be {{"stream": name, "launch": n}}')
+            stream, launch = point["stream"], point["launch"]
+            if not isinstance(stream, str) or not stream:
+                raise ReplayError(f"{path}: forced order {i}: {side}'s stream must be a stream name, got {stream!r}")
+            if type(launch) is not int or not 0 <= launch <= last_launch:
+                raise ReplayError(
+                    f"{path}: forced order {i} out of range: {side}'s launch must be an integer in [0, {last_launch}], "
+                    f"got {launch!r}"
+                )
+            pair.append((stream, launch))
+        orders.append(tuple(pair))
+    return orders
+
+
+def check_delay_points(path: Path, schedule: Schedule, reference: Any) -> None:
+    """Every delay point and every forced order's point names a launch the replayed step makes (stream and
+    n-th launch on it): a point on a stream the step does not use, or past its launches, would be silently
+    dropped (or leave a gate waiting), and the replay would judge another schedule than the one that raced.
+    The orders must also be ones the step's reference run can keep (`racefuzz.trace.orders.OrderFacts`): one
+    whose gate would wait forever is refused, not run."""
+    from racefuzz.schedule import ScheduleInfeasible
+    from racefuzz.trace.orders import OrderFacts
     from racefuzz.trace.search import launch_points
 
     counts: dict[str, int] = {}
     for stream, _ in launch_points(reference):
         counts[stream] = counts.get(stream, 0) + 1
-    for stream, launch, _ in delays:
+    points = [("delay", "before", point) for point in schedule.device_delays]
+    points += [("forced order", "at", point) for order in schedule.orders for point in order]
+    for what, where, (stream, launch) in points:
         if stream not in counts:
             known = ", ".join(sorted(counts)) or "none"
             raise ReplayError(
-                f"{path}: delay on stream {stream!r}, which the step does not launch on (it does on: {known})"
+                f"{path}: {what} on stream {stream!r}, which the step does not launch on (it does on: {known})"
             )
         if launch >= counts[stream]:
             raise ReplayError(
-                f"{path}: delay before launch {launch} on {stream!r}, but the step makes {counts[stream]} there"
+                f"{path}: {what} {where} launch {launch} on {stream!r}, but the step makes {counts[stream]} there"
             )
+    if schedule.orders:
+        try:
+            OrderFacts(reference).check(schedule.orders)
+        except ScheduleInfeasible as exc:
+            raise ReplayError(f"{path}: {exc}") from None
 
 
 def replay_trace(
@@ -365,12 +412,15 @@ def replay_trace(
     a trace file); `device_choice` "auto" runs on the device the file was recorded on. `step_given` (the
     STEP of `racefuzz trace STEP --replay FILE`) and `watch_given` must be the file's, if given.
 
-    On the CPU a delay cannot reorder anything (the step runs eagerly), so there the file's delays are not
-    re-run: the step's happens-before trace is judged instead, as `racefuzz trace --device cpu` does, and a
-    race there exits 1 (the output says which verdict it is)."""
+    On the CPU a delay cannot reorder anything and a forced order cannot hold a launch back (the step runs
+    eagerly), so there the file's schedule is not re-run: the step's happens-before trace is judged instead,
+    as `racefuzz trace --device cpu` does, and a race there exits 1 (the output says which verdict it is).
+    On the GPU a re-run whose gate timed out did not keep the file's orders: it is said, and not counted."""
     from racefuzz.confirm import confirm
+    from racefuzz.schedule import ScheduleInfeasible
     from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.oracle import masked
+    from racefuzz.trace.orders import schedule_text
     from racefuzz.trace.report import latent_lines, race_text
     from racefuzz.trace.search import (
         SERIALIZED_REPEATS,
@@ -385,7 +435,7 @@ def replay_trace(
     from racefuzz.watchdog import checkpoint
 
     require_torch()
-    spec, recorded_on, watch, delays = load_trace_replay(path)
+    spec, recorded_on, watch, schedule = load_trace_replay(path)
     if step_given is not None and step_given != spec:
         raise InvalidArgument(
             f"racefuzz trace {step_given} --replay {path}: the file replays the step {spec}, not {step_given} "
@@ -397,15 +447,15 @@ def replay_trace(
     checkpoint(f"loading the step {spec}")
     step = watched_step(_load(spec), spec)
     reference = _run(run_once, step, {"device": device, "serialize": True}, f"the replayed step {spec}")
-    check_delay_points(path, delays, reference)
+    check_delay_points(path, schedule, reference)
     ordinals = watched_ordinals(reference, watch)
-    print(f"racefuzz trace --replay {path}: {spec} on {device}, delays {delays}")
+    print(f"racefuzz trace --replay {path}: {spec} on {device}, {schedule_text(schedule)}")
     judgement = judge_trace(reference.trace)
     races = judgement.races
     if device == "cpu":
         print(
-            "on the CPU the step runs eagerly and a delay cannot reorder anything: the delays are not re-run, "
-            "the happens-before verdict of the recorded trace is reported instead"
+            "on the CPU the step runs eagerly and a delay cannot reorder anything, nor a forced order hold a launch "
+            "back: the schedule is not re-run, the happens-before verdict of the recorded trace is reported instead"
         )
         for race in races:
             print(race_text(race))
@@ -415,7 +465,7 @@ def replay_trace(
             return ExitCode.RACE
         print(
             "no happens-before race; the value race of this file can only be re-run on a GPU (--device cuda)"
-            if delays
+            if schedule.device_delays or schedule.orders
             else "no happens-before race"
         )
         return ExitCode.CLEAN
@@ -434,7 +484,12 @@ def replay_trace(
     hits: list[object] = []
 
     def diverges() -> bool:
-        found = judge_run(compared, run_with_delays(step, device, compared, delays, ordinals), ordinals)
+        try:
+            run = run_with_delays(step, device, compared, schedule, ordinals)
+        except ScheduleInfeasible as exc:  # a gate timed out: this run did not keep the orders
+            print(f"a re-run not counted: {exc}")
+            return False
+        found = judge_run(compared, run, ordinals)
         if found is not None:
             hits.append(found)
         return found is not None

@@ -7,7 +7,8 @@ elements, the missing edge in words), and the value oracle's verdict with its sh
 was confirmed and the command that replays them.
 
 The replay file (JSON) is a `racefuzz run` replay file's format (`racefuzz.report.FORMAT`) of kind
-`trace`: it names the step as `module:function`, the device, the watched tensors and the delay points;
+`trace`: it names the step as `module:function`, the device, the watched tensors, the delay points and
+the forced orders (`orders`: each {"first": point, "then": point}; a file without it forces none);
 `racefuzz replay FILE` (and `racefuzz trace --replay FILE`) re-runs it. A file of the format this replaced
 (`racefuzz-trace-replay`, version 1: the same fields without `kind`) is read as one of kind `trace`.
 
@@ -29,6 +30,7 @@ from racefuzz.report import FORMAT, FORMAT_VERSION, Access, RaceAccount, Report,
 from racefuzz.trace.convert import TraceRace
 from racefuzz.trace.model import HOST, TraceLaunch
 from racefuzz.trace.oracle import Nondeterminism
+from racefuzz.trace.orders import describe_order, schedule_text
 from racefuzz.trace.recorder import RunRecord
 from racefuzz.trace.search import DelayPoint, TraceResult
 
@@ -63,6 +65,25 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
     schedule: list[str] = []
     confirmation: list[str] = []
     replay = ""
+    if result.candidate_orders:
+        shown = ", ".join(describe_order(order) for order in result.candidate_orders[:MAX_RACES_SHOWN])
+        more_orders = len(result.candidate_orders) - MAX_RACES_SHOWN
+        where = (
+            "not searched: they need a GPU"
+            if not result.searched
+            else f"not searched: {result.orders_unsearched}"
+            if result.orders_unsearched
+            else "searched"
+        )
+        findings.append(
+            f"forced orders ({where}): {len(result.candidate_orders)} candidate(s) from the races, each making one "
+            f"manifest: {shown}" + (f" ... and {more_orders} more" if more_orders > 0 else "")
+        )
+    if result.infeasible:
+        findings.append(
+            f"forced orders: {result.infeasible} fuzzed run(s) not judged: a gate timed out (the run did not keep "
+            "its orders)"
+        )
     if not result.searched:
         findings.append(f"value oracle: not run {result.skipped}")
     elif result.divergence is None:
@@ -72,9 +93,7 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
         )
     else:
         findings.append(f"value oracle: {result.divergence}")
-        schedule.append(
-            "  delays: " + (", ".join(f"{us:g} us before launch {n} on {s}" for s, n, us in result.delays) or "none")
-        )
+        schedule.append("  " + schedule_text(result.schedule))
         flaky = "" if result.manifested else ": flaky, not counted as a race (a divergence counts only k of k)"
         confirmation.append(f"  confirmed in {result.confirmed}/{result.confirm_runs} re-run(s){flaky}")
         if result.replayed:
@@ -159,6 +178,10 @@ def replay_json(result: TraceResult, watch: tuple[str, ...] = ()) -> dict[str, o
         "device": result.device,
         "watch": list(watch),
         "delays": [{"stream": s, "launch": n, "us": us} for s, n, us in result.delays],
+        "orders": [
+            {"first": {"stream": a[0], "launch": a[1]}, "then": {"stream": b[0], "launch": b[1]}}
+            for a, b in result.orders
+        ],
     }
 
 

@@ -1,5 +1,6 @@
 """Fuzzing a traced step: record the serialized reference run, judge it with happens-before, then search
-delay points with Hypothesis for a run whose values differ, shrink it, and confirm it k times of k.
+schedules -- delay points and forced orders -- with Hypothesis for a run whose values differ, shrink it,
+and confirm it k times of k.
 
 A manifestation is a divergence the schedule causes. Before the search the step is run serialized again,
 without any delay (`SERIALIZED_REPEATS` more times): what differs between those runs (a nondeterministic
@@ -9,10 +10,14 @@ without the schedule agree with the reference where it is compared (else what di
 too and the search goes on) and the delays reproduce it k of k (`racefuzz.confirm`). A step whose launch
 sequence differs between serialized runs cannot be judged by values at all: the report says so.
 
-A delay point is (stream, n-th launch on that stream, microseconds): a spin enqueued on that stream just
-before that launch. Points are drawn among the reference run's launches; Hypothesis shrinks a failing
-list of points to fewer and earlier ones. On the CPU the step executes eagerly and a delay changes
-nothing, so there the verdict is the happens-before one alone (the search is skipped and says so).
+A schedule is the core's `racefuzz.schedule.Schedule` keyed by launch points (stream, n-th launch on that
+stream). A delay point (stream, n, microseconds) is a spin enqueued on that stream just before that
+launch; a forced order (first, then) holds `then` back on its stream until `first` has completed
+(`racefuzz.trace.orders`: the CUDA backend's gates). Delay points are drawn among the reference run's
+launches, orders among the candidates its races give (`candidate_orders`), kept only where they cannot
+deadlock (`OrderFacts`); Hypothesis shrinks a failing schedule to fewer and earlier points and orders. On
+the CPU the step executes eagerly and neither changes anything, so there the verdict is the
+happens-before one alone (the search is skipped and says so, with the candidate orders it would force).
 """
 
 from __future__ import annotations
@@ -27,9 +32,25 @@ from typing import Any, Protocol
 from racefuzz.confirm import Confirmation
 from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
+from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
 from racefuzz.trace.convert import TraceRace, judge_trace
-from racefuzz.trace.model import HOST, TraceLaunch
+from racefuzz.trace.model import TraceLaunch
 from racefuzz.trace.oracle import Divergence, Nondeterminism, compare, masked, nondeterminism
+from racefuzz.trace.orders import (
+    GATE_TIMEOUT_US,
+    Gates,
+    OrderFacts,
+    PointOrder,
+    candidate_orders,
+    describe_order,
+    gate_kernels,
+    gates_unavailable,
+    launch_points,
+    real_code_schedule,
+)
+from racefuzz.trace.orders import (
+    launch_points_by_op as launch_points_by_op,  # re-exported: where the search counts its points
+)
 from racefuzz.trace.recorder import Recorder, RunRecord
 
 Step = Callable[[Any], Mapping[str, Any] | None]
@@ -122,9 +143,9 @@ class TraceResult:
         device: `cuda` or `cpu`.
         reference: the serialized reference run.
         races: the happens-before races of the reference trace.
-        divergence: the value oracle's finding under `delays`, or None.
-        delays: the shrunk delay points that made it manifest.
-        confirmed: how many of `confirm_runs` re-runs of `delays` manifested; the divergence counts only
+        divergence: the value oracle's finding under `schedule`, or None.
+        schedule: the shrunk schedule that made it manifest (launch points: its `delays` and `orders`).
+        confirmed: how many of `confirm_runs` re-runs of `schedule` manifested; the divergence counts only
             when all did (`racefuzz.confirm`: k of k), else it is flaky, reported with its rate.
         examples: fuzzed runs made; seconds: the search's wall time.
         nondeterministic: what differed between serialized runs without any delay (not compared).
@@ -135,6 +156,11 @@ class TraceResult:
             pending at a free that no later allocation in the trace reuses; said, not counted as races.
         workloads: for a step over drawn workloads, how they were searched; the rest of the result is then
             the judgement of its shrunk failing workload (or, none failing, of the last one run).
+        candidate_orders: the forced orders the reference run's races give (`candidate_orders`), searched
+            on a GPU, reported on the CPU (where they cannot be forced).
+        orders_unsearched: why the search drew no forced order though there are candidates ("": it did,
+            or it did not run at all: `skipped`).
+        infeasible: fuzzed runs whose gate timed out (an order the run could not keep): not judged.
     """
 
     step: str
@@ -142,7 +168,7 @@ class TraceResult:
     reference: RunRecord
     races: list[TraceRace]
     divergence: Divergence | None = None
-    delays: list[DelayPoint] = field(default_factory=list)
+    schedule: Schedule = NO_DELAYS
     confirmed: int = 0
     confirm_runs: int = 0
     examples: int = 0
@@ -153,6 +179,19 @@ class TraceResult:
     replayed: int = 0
     latent: list[TraceRace] = field(default_factory=list)
     workloads: WorkloadSearch | None = None
+    candidate_orders: list[PointOrder] = field(default_factory=list)
+    orders_unsearched: str = ""
+    infeasible: int = 0
+
+    @property
+    def delays(self) -> list[DelayPoint]:
+        """The schedule's delay points, (stream, n, microseconds), in point order."""
+        return [(stream, n, us) for (stream, n), us in self.schedule.device_delays.items()]
+
+    @property
+    def orders(self) -> list[PointOrder]:
+        """The schedule's forced orders, (first, then) launch points."""
+        return list(self.schedule.orders)
 
     @property
     def searched(self) -> bool:
@@ -301,26 +340,6 @@ def run_once(step: Step, device: str, **recorder_options: Any) -> RunRecord:
     return recorder.finish(returned)
 
 
-def launch_points(reference: RunRecord) -> list[tuple[str, int]]:
-    """(stream, n) of every device launch of the reference run, in host order: where delays may go. Not a
-    CUDA graph's nodes (kind `graph`): a delay goes before or after a replay, whose two boundary launches
-    are its points (`racefuzz.trace.graphs`)."""
-    return list(launch_points_by_op(reference).values())
-
-
-def launch_points_by_op(reference: RunRecord) -> dict[int, tuple[str, int]]:
-    """`launch_points` keyed by each launch's trace position: a caller aiming a delay at a launch (a race's
-    access) counts the points as the search does."""
-    points: dict[int, tuple[str, int]] = {}
-    counts: dict[str, int] = {}
-    for index, op in enumerate(reference.trace.ops):
-        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy", "graph"):
-            n = counts.get(op.stream, 0)
-            counts[op.stream] = n + 1
-            points[index] = (op.stream, n)
-    return points
-
-
 def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | None:
     """The launches that read or write a storage named in `watch` (None: no filter); a name that no storage
     of the reference run has is an `InvalidArgument` (it would silently turn the value checks off)."""
@@ -352,32 +371,48 @@ def run_with_delays(
     step: Step,
     device: str,
     reference: RunRecord,
-    delays: Sequence[DelayPoint],
+    schedule: Schedule | Sequence[DelayPoint],
     ordinals: set[int] | None = None,
     *,
     serialize: bool = False,
 ) -> RunRecord | BaseException:
-    """A fuzzed run of `step` with `delays`, snapshotting what the reference run snapshotted after the
-    launches in `ordinals` (None: after every launch); an exception the step raised is returned (a
-    manifestation). `serialize`: synchronize after every launch, as the reference run does (a run
-    without the schedule, to learn what varies without it).
+    """A fuzzed run of `step` under `schedule` (a real-code `Schedule`, or a list of delay points: a schedule
+    of delays alone), snapshotting what the reference run snapshotted after the launches in `ordinals`
+    (None: after every launch); an exception the step raised is returned (a manifestation). `serialize`:
+    synchronize after every launch, as the reference run does (a run without the schedule, to learn what
+    varies without it).
 
-    `ordinals` is `watched_ordinals`: the value oracle compares only those launches' stores, so a snapshot
-    after any other launch (a model's 16 MB matmul output, say) would be copied to the host and dropped."""
+    The schedule's forced orders are gates (`racefuzz.trace.orders.Gates`, through `gate_kernels`: the GPU's,
+    and on the CPU an `InvalidArgument`); a run in which one timed out did not keep its orders and is
+    `ScheduleInfeasible`, raised, not judged. `ordinals` is `watched_ordinals`: the value oracle compares
+    only those launches' stores, so a snapshot after any other launch (a model's 16 MB matmul output, say)
+    would be copied to the host and dropped."""
+    if not isinstance(schedule, Schedule):
+        schedule = real_code_schedule(schedule)
     plan = reference.snapshots
     if ordinals is not None:
         plan = {ordinal: snaps for ordinal, snaps in plan.items() if ordinal in ordinals}
+    gates = Gates(schedule.orders, gate_kernels(device, len(schedule.orders))) if schedule.orders else None
     try:
-        return run_once(
+        run: RunRecord | BaseException = run_once(
             step,
             device,
             evaluate_annotations=False,
             serialize=serialize,
-            delays={(s, n): us for s, n, us in delays},
+            delays=dict(schedule.device_delays),
             snapshot_plan=plan,
+            gates=gates,
         )
     except StepFailed as failed:  # the user's code failed under a schedule: a candidate, not an error
-        return failed.exception
+        run = failed.exception
+    stuck = gates.timed_out() if gates is not None else []
+    if stuck:
+        raise ScheduleInfeasible(
+            f"the forced order(s) {', '.join(describe_order(order) for order in stuck)} could not be realized: the "
+            f"gate's wait timed out after {GATE_TIMEOUT_US / 1e6:g} s (the host waited for the held stream in a way "
+            "the reference run did not record, or the first launch never came)"
+        )
+    return run
 
 
 def judge_run(reference: RunRecord, run: RunRecord | BaseException, ordinals: set[int] | None) -> Divergence | None:
@@ -386,32 +421,45 @@ def judge_run(reference: RunRecord, run: RunRecord | BaseException, ordinals: se
     return compare(reference, run, ordinals)
 
 
-def search_delays(
+def search_schedules(
     points: Sequence[tuple[str, int]],
-    attempt: Callable[[list[DelayPoint]], Divergence | None],
+    attempt: Callable[[Schedule], Divergence | None],
     *,
     examples: int,
     max_delays: int,
     delays_us: Sequence[float] = DELAYS_US,
     seed: int | None = None,
-) -> tuple[list[DelayPoint], Divergence | None, int]:
-    """Hypothesis over lists of delay points; returns (shrunk delays, their divergence, examples run)."""
+    orders: Sequence[PointOrder] = (),
+    facts: OrderFacts | None = None,
+) -> tuple[Schedule, Divergence | None, int]:
+    """Hypothesis over real-code schedules: up to `max_delays` delay points among `points` and up to
+    `max_delays` forced orders among `orders` (the candidates), those drawn kept by `facts` only where they
+    cannot deadlock (`OrderFacts.consistent`; `facts` is needed when `orders` is given); returns (the
+    shrunk schedule, its divergence, examples run)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
-    if not points:
-        return [], None, 0
+    if not points and not orders:
+        return NO_DELAYS, None, 0
+    if orders and facts is None:
+        raise ValueError("search_schedules: forced orders are drawn only with the reference run's OrderFacts")
     ran = 0
-    failures: list[tuple[list[DelayPoint], Divergence]] = []
+    failures: list[tuple[Schedule, Divergence]] = []
 
     class _Manifested(Exception):
         pass
 
-    draw = st.lists(
-        st.tuples(st.integers(0, len(points) - 1), st.sampled_from(list(delays_us))),
-        max_size=max_delays,
-        unique_by=lambda point: point[0],
+    no_draw: st.SearchStrategy[list[Any]] = st.just([])
+    draw = st.tuples(
+        st.lists(
+            st.tuples(st.integers(0, len(points) - 1), st.sampled_from(list(delays_us))),
+            max_size=max_delays,
+            unique_by=lambda point: point[0],
+        )
+        if points
+        else no_draw,
+        st.lists(st.integers(0, len(orders) - 1), max_size=max_delays, unique=True) if orders else no_draw,
     )
 
     @settings(
@@ -423,13 +471,16 @@ def search_delays(
         derandomize=seed is None,
     )
     @given(draw)
-    def example(chosen: list[tuple[int, float]]) -> None:
+    def example(chosen: tuple[list[tuple[int, float]], list[int]]) -> None:
         nonlocal ran
         ran += 1
-        delays = [(points[i][0], points[i][1], us) for i, us in sorted(chosen)]
-        divergence = attempt(delays)
+        spins, forced = chosen
+        delays = [(points[i][0], points[i][1], us) for i, us in sorted(spins)]
+        kept = facts.consistent([orders[i] for i in forced]) if forced and facts is not None else []
+        schedule = real_code_schedule(delays, kept)
+        divergence = attempt(schedule)
         if divergence is not None:
-            failures.append((delays, divergence))
+            failures.append((schedule, divergence))
             raise _Manifested
 
     if seed is not None:
@@ -442,10 +493,15 @@ def search_delays(
         # Anything else (racefuzz's own error inside a run, a bad argument) is not a manifestation.
         if not failures or not _only_manifestations(exc, _Manifested):
             raise
-        fewest = min(len(delays) for delays, _ in failures)
-        delays, divergence = [f for f in failures if len(f[0]) == fewest][-1]
-        return delays, divergence, ran
-    return [], None, ran
+        fewest = min(_size(schedule) for schedule, _ in failures)
+        schedule, divergence = [f for f in failures if _size(f[0]) == fewest][-1]
+        return schedule, divergence, ran
+    return NO_DELAYS, None, ran
+
+
+def _size(schedule: Schedule) -> int:
+    """How many delay points and forced orders `schedule` has (what shrinking makes fewer)."""
+    return len(schedule.device_delays) + len(schedule.orders)
 
 
 def fuzz(
@@ -464,14 +520,16 @@ def fuzz(
     saved_workloads: SavedWorkloads | None = None,
     shrink_runs: int = SHRINK_RUNS,
     shrink_seconds: float | None = None,
+    forced_orders: bool = True,
 ) -> TraceResult:
-    """Record `step`, judge it with happens-before, search delays for a manifestation (GPU), confirm it.
+    """Record `step`, judge it with happens-before, search schedules for a manifestation (GPU), confirm it.
 
     `examples=0` records the step once and judges it by happens-before only, on any device.
     `run_kernels=False` (CPU only) records Triton / CuPy launches from their annotations without running
     them: the happens-before verdict of GPU code on a machine without a GPU. `saved`: failing delay sets
-    kept from earlier runs, tried before the search; a manifestation found is saved there, one that no
-    longer fails is deleted.
+    kept from earlier runs, tried before the search; a manifestation found is saved there (if it forces no
+    order: the database keeps delay sets), one that no longer fails is deleted. `forced_orders=False`
+    searches delays alone (the candidate orders are still reported).
 
     `workloads`: a Hypothesis strategy the step draws its workload from; the step is then called as
     `step(env, workload)` and `fuzz_workloads` searches the workloads (the other options judge each one).
@@ -493,6 +551,7 @@ def fuzz(
             saved=saved_workloads,
             shrink_runs=shrink_runs,
             shrink_seconds=shrink_seconds,
+            forced_orders=forced_orders,
         )
     device = resolve_device(device)
     if not run_kernels and device != "cpu":
@@ -500,13 +559,23 @@ def fuzz(
     reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
     judgement = judge_trace(reference.trace)
     result = TraceResult(step_name(step), device, reference, judgement.races, latent=judgement.latent)
+    result.candidate_orders = candidate_orders(reference, judgement.races)
     ordinals = watched_ordinals(reference, watch)  # an unknown name is an error on the CPU too
     if examples == 0:
         result.skipped = "with --examples 0 (happens-before only: the step was recorded once)"
         return result
     if device == "cpu":
-        result.skipped = "on the CPU (it executes eagerly: a delay cannot reorder anything there)"
+        result.skipped = (
+            "on the CPU (it executes eagerly: a delay cannot reorder anything there, nor can a forced order hold a "
+            "launch back; forced orders need a GPU)"
+        )
         return result
+    facts = None
+    if forced_orders and result.candidate_orders:
+        result.orders_unsearched = gates_unavailable(device)
+        facts = None if result.orders_unsearched else OrderFacts(reference)
+    elif result.candidate_orders:
+        result.orders_unsearched = "forced_orders=False"
 
     def serialized_runs(runs: int) -> Nondeterminism:
         result.serialized_runs += runs
@@ -518,19 +587,26 @@ def fuzz(
     while not learned.unstable:
         compared = masked(reference, learned)
 
-        def attempt(delays: list[DelayPoint], compared: RunRecord = compared) -> Divergence | None:
-            return judge_run(compared, run_with_delays(step, device, compared, delays, ordinals), ordinals)
+        def attempt(schedule: Schedule, compared: RunRecord = compared) -> Divergence | None:
+            try:
+                run = run_with_delays(step, device, compared, schedule, ordinals)
+            except ScheduleInfeasible:  # a gate timed out: the run did not keep its orders, it is not judged
+                result.infeasible += 1
+                return None
+            return judge_run(compared, run, ordinals)
 
-        delays, divergence = _first_saved_failure(candidates, attempt, saved, result)
+        schedule, divergence = _first_saved_failure(candidates, attempt, saved, result)
         candidates = []
         if divergence is None and result.examples < examples:
-            delays, divergence, ran = search_delays(
+            schedule, divergence, ran = search_schedules(
                 launch_points(reference),
                 attempt,
                 examples=examples - result.examples,
                 max_delays=max_delays,
                 delays_us=delays_us,
                 seed=seed,
+                orders=result.candidate_orders if facts is not None else (),
+                facts=facts,
             )
             result.examples += ran
         if divergence is None:
@@ -539,11 +615,11 @@ def fuzz(
         # if not, what differed is nondeterministic too, and the search goes on without comparing it.
         grown = learned | serialized_runs(confirm)
         if grown == learned:
-            result.delays, result.divergence = delays, divergence
-            confirmation = confirm_k_of_k(lambda found=delays: attempt(found) is not None, confirm)
+            result.schedule, result.divergence = schedule, divergence
+            confirmation = confirm_k_of_k(lambda found=schedule: attempt(found) is not None, confirm)
             result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
-            if confirmation.confirmed and saved is not None:
-                saved.save(delays)
+            if confirmation.confirmed and saved is not None and not schedule.orders:
+                saved.save(result.delays)
             break
         learned = grown
     result.nondeterministic = learned
@@ -741,20 +817,21 @@ def without_the_schedule(
 
 def _first_saved_failure(
     candidates: list[list[DelayPoint]],
-    attempt: Callable[[list[DelayPoint]], Divergence | None],
+    attempt: Callable[[Schedule], Divergence | None],
     saved: SavedFailures | None,
     result: TraceResult,
-) -> tuple[list[DelayPoint], Divergence | None]:
+) -> tuple[Schedule, Divergence | None]:
     """The first saved delay set that still diverges (counted in `result.replayed`); those tried that do
     not are deleted from `saved`, as Hypothesis deletes a saved example that passes."""
     for delays in candidates:
         result.replayed += 1
-        divergence = attempt(list(delays))
+        schedule = real_code_schedule(delays)
+        divergence = attempt(schedule)
         if divergence is not None:
-            return list(delays), divergence
+            return schedule, divergence
         if saved is not None:
             saved.delete(delays)
-    return [], None
+    return NO_DELAYS, None
 
 
 def build_recorder() -> None:

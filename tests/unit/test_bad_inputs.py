@@ -593,7 +593,7 @@ def test_a_fuzzed_run_that_racefuzz_fails_in_is_no_manifestation(steps: Path, mo
 
     from racefuzz.trace.oracle import Divergence
     from racefuzz.trace.recorder import Recorder
-    from racefuzz.trace.search import StepFailed, run_once, run_with_delays, search_delays
+    from racefuzz.trace.search import StepFailed, run_once, run_with_delays, search_schedules
 
     reference = run_once(user_steps.racy, "cpu", serialize=True)
     # The step's own exception under a schedule is a candidate manifestation, returned ...
@@ -607,14 +607,14 @@ def test_a_fuzzed_run_that_racefuzz_fails_in_is_no_manifestation(steps: Path, mo
     # In the search: a first run that diverges, then racefuzz fails: the failure is raised, not a race.
     calls = []
 
-    def attempt(delays: list) -> Divergence | None:
-        calls.append(delays)
+    def attempt(schedule: object) -> Divergence | None:
+        calls.append(schedule)
         if len(calls) == 1:
             return Divergence("exception", None, "diverged")
         raise RuntimeError("racefuzz failed in a fuzzed run")
 
     with pytest.raises(BaseException) as raised:
-        search_delays([("forward", 0), ("schedule", 0)], attempt, examples=20, max_delays=2, seed=0)
+        search_schedules([("forward", 0), ("schedule", 0)], attempt, examples=20, max_delays=2, seed=0)
     assert "racefuzz failed in a fuzzed run" in repr(raised.value) or any(
         "racefuzz failed" in repr(e) for e in getattr(raised.value, "exceptions", ())
     )

@@ -70,6 +70,7 @@ def scripted_trace(monkeypatch):
     the first launch, and the n-th attempt diverges as `script[n]` says (attempt 0 is the search's, the
     rest are the confirmation's re-runs); `judged` lists the attempts made."""
     pytest.importorskip("torch")
+    from racefuzz.schedule import Schedule
     from racefuzz.trace import search as trace_search
     from racefuzz.trace.oracle import Divergence
 
@@ -84,14 +85,14 @@ def scripted_trace(monkeypatch):
         return divergence if diverged else None
 
     def found_at_once(points, attempt, **_):
-        delays = [(*points[0], 5000.0)]
-        found = attempt(delays)
-        return (delays, found, 1) if found is not None else ([], None, 1)
+        schedule = Schedule(device_delays={points[0]: 5000.0})
+        found = attempt(schedule)
+        return (schedule, found, 1) if found is not None else (Schedule(), None, 1)
 
     monkeypatch.setattr(trace_search, "resolve_device", lambda device: "cuda")
     monkeypatch.setattr(trace_search, "run_once", lambda step, device, **options: record_on_cpu(step, "cpu", **options))
     monkeypatch.setattr(trace_search, "judge_run", judge_run)
-    monkeypatch.setattr(trace_search, "search_delays", found_at_once)
+    monkeypatch.setattr(trace_search, "search_schedules", found_at_once)
     return script, judged
 
 

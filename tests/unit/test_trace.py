@@ -19,7 +19,8 @@ from racefuzz.trace.env import TraceEnv  # noqa: E402
 from racefuzz.trace.oracle import compare  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.report import load_replay, race_text, render, replay_json  # noqa: E402
-from racefuzz.trace.search import fuzz, run_once, search_delays  # noqa: E402
+from racefuzz.schedule import Schedule  # noqa: E402
+from racefuzz.trace.search import fuzz, run_once, search_schedules  # noqa: E402
 
 
 def overlap(env, *, sync: bool = False, rows_written=(1,)):
@@ -269,14 +270,14 @@ def test_the_oracle_compares_stored_values_launch_by_launch():
 def test_the_delay_search_shrinks_to_the_one_point_that_matters():
     points = [("forward", n) for n in range(6)] + [("schedule", n) for n in range(6)]
 
-    def attempt(delays):
-        return "manifested" if any(s == "forward" and n == 3 for s, n, _ in delays) else None
+    def attempt(schedule):
+        return "manifested" if ("forward", 3) in schedule.device_delays else None
 
-    delays, found, _ = search_delays(points, attempt, examples=300, max_delays=3, seed=1)
-    assert found == "manifested" and len(delays) == 1 and delays[0][:2] == ("forward", 3)
-    assert delays[0][2] == 5000.0  # shrunk towards the longest (most reliable) delay
-    nothing, none_found, ran_clean = search_delays(points, lambda d: None, examples=50, max_delays=2, seed=1)
-    assert nothing == [] and none_found is None and ran_clean == 50
+    schedule, found, _ = search_schedules(points, attempt, examples=300, max_delays=3, seed=1)
+    assert found == "manifested" and list(schedule.device_delays) == [("forward", 3)] and not schedule.orders
+    assert schedule.device_delays[("forward", 3)] == 5000.0  # shrunk towards the longest (most reliable) delay
+    nothing, none_found, ran_clean = search_schedules(points, lambda d: None, examples=50, max_delays=2, seed=1)
+    assert nothing == Schedule() and none_found is None and ran_clean == 50
 
 
 def test_fuzz_on_the_cpu_reports_the_hb_verdict_and_says_the_search_did_not_run(tmp_path):
@@ -285,7 +286,7 @@ def test_fuzz_on_the_cpu_reports_the_hb_verdict_and_says_the_search_did_not_run(
     text = render(result)
     assert text.startswith("==== racefuzz trace: RACE in test_trace:overlap (cpu) ====") or "RACE in" in text
     assert "not run on the CPU" in text and "req_to_token[1, 4:8]" in text
-    result.delays = [("forward", 2, 200.0)]
+    result.schedule = Schedule(device_delays={("forward", 2): 200.0})
     path = tmp_path / "r.json"
     path.write_text(json.dumps(replay_json(result, ("req_to_token",))))
     assert load_replay(path) == (result.step, "cpu", ("req_to_token",), [("forward", 2, 200.0)])
@@ -344,12 +345,12 @@ def test_a_failure_that_does_not_replay_is_still_reported():
     points = [("forward", n) for n in range(4)]
     calls = {"n": 0}
 
-    def attempt(delays):
+    def attempt(schedule):
         calls["n"] += 1
-        return "manifested" if delays and calls["n"] == 3 else None  # exactly once
+        return "manifested" if schedule.device_delays and calls["n"] == 3 else None  # exactly once
 
-    delays, found, _ = search_delays(points, attempt, examples=50, max_delays=2, seed=3)
-    assert found == "manifested" and delays
+    schedule, found, _ = search_schedules(points, attempt, examples=50, max_delays=2, seed=3)
+    assert found == "manifested" and schedule.device_delays
 
 
 def test_watch_selects_the_launches_that_touch_the_watched_tensors():
