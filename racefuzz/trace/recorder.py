@@ -62,7 +62,15 @@ this many (a slower clock makes the spin longer, which is harmless for a delay).
 
 _MACHINERY = frozenset(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    for name in ("recorder.py", "capture.py", "env.py", "annotations.py", "search.py", "torch_patches.py")
+    for name in (
+        "recorder.py",
+        "capture.py",
+        "env.py",
+        "annotations.py",
+        "search.py",
+        "torch_patches.py",
+        "host_memory.py",
+    )
 )
 _LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
 _IS_LIBRARY: dict[str, bool] = {}

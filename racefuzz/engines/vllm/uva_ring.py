@@ -21,12 +21,12 @@ a step does with the sampler's temperature (the same for `top_k`, `top_p`, `min_
   structured outputs.
 
 `run_ring` drives vLLM's own `UvaBackedTensor` / `UvaBufferPool` in that order under `racefuzz.trace`
-(CPU, virtual streams, `host_memory.HostTensors`), the kernels stand-ins (torch ops on the device reading
-`.gpu`). UVA is not in the recorder: `ModelledUvaBuffer` models it here, as `UvaBuffer` with its device
-view the pinned tensor itself (one storage: a host write of a slot and a kernel's read of its view are
-accesses of the same bytes) and its `np` a `host_memory.HostArray` (the host's NumPy copy into the slot is
-recorded). The negative control takes no output (no `copy_event.synchronize()`): the sampler's read of a
-slot then races its rewrite two steps later.
+(CPU, virtual streams, `racefuzz.trace.host_memory.HostTensors`), the kernels stand-ins (torch ops on the
+device reading `.gpu`). `ModelledUvaBuffer` is `UvaBuffer` on the CPU: its device view is the recorder's
+zero-copy view of the pinned tensor (`racefuzz.trace.host_memory.device_view`: one storage, so a host
+write of a slot and a kernel's read of its view are accesses of the same bytes) and its `np` a
+`HostArray` (the host's NumPy copy into the slot is recorded). The negative control takes no output (no
+`copy_event.synchronize()`): the sampler's read of a slot then races its rewrite two steps later.
 
     racefuzz vllm --version 0.33.0 --uva-ring     # the harness subprocess runs `run_cases` after its workloads
 """
@@ -56,11 +56,11 @@ class ModelledUvaBuffer:
     def __init__(self, size: Any, dtype: Any) -> None:
         import torch
 
-        from racefuzz.engines.vllm import host_memory
+        from racefuzz.trace import host_memory
 
         self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
         self.np = host_memory.wrap(self.cpu.numpy(), self.cpu)
-        self._uva = self.cpu  # a device view of pinned memory is one storage with it
+        self._uva = host_memory.device_view(self.cpu)  # a device view of pinned memory: one storage with it
 
     def uva(self, n: int | None = None) -> Any:
         return self._uva[:n] if n is not None else self._uva
@@ -81,8 +81,8 @@ def run_ring(
     import torch
     from vllm.v1.worker.gpu import buffer_utils
 
-    from racefuzz.engines.vllm.host_memory import HostTensors
     from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.host_memory import HostTensors
     from racefuzz.trace.search import run_once
 
     model_uva(buffer_utils)
@@ -99,11 +99,11 @@ def run_ring(
             for number in range(steps):
                 temperature.np[number % MAX_REQS] = 0.5 + number  # SamplingStates.add_request
                 temperature.copy_to_uva()  # add_requests -> sampler.apply_staged_writes
-                scaled = logits / temperature.gpu.unsqueeze(1).to(device)  # the sampler's kernel
+                scaled = logits / temperature.gpu.unsqueeze(1)  # the sampler's kernel
                 copy_event = torch.cuda.Event()
                 copy_event.record()  # AsyncOutput.__init__, before postprocess and the drafter
                 if speculative:
-                    _ = scaled * temperature.gpu.unsqueeze(1).to(device)  # speculator.propose's read
+                    _ = scaled * temperature.gpu.unsqueeze(1)  # speculator.propose's read
                 in_flight.append(copy_event)
                 if len(in_flight) == 2:  # batch queue 2: step N's output taken after step N+1 launched
                     taken = in_flight.popleft()
