@@ -44,7 +44,10 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "happens-before only, on any device (no serialized re-runs, no delay search)",
     )
     trace.add_argument(
-        "--max-delays", type=argtypes.max_delays, default=2, help="delay points per run, 0 to 64 (default 2)"
+        "--max-delays",
+        type=argtypes.max_delays,
+        default=2,
+        help="delay points per run, and forced orders per run, 0 to 64 each (default 2)",
     )
     trace.add_argument(
         "--confirm", type=argtypes.repeat, default=3, help="re-runs of a shrunk counterexample, 1 to 1000 (default 3)"
