@@ -50,7 +50,9 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--workload",
         default="fixed",
-        help="fixed (2 prefills, decodes, a finish and a row reuse), drawn (Hypothesis, --examples of them), "
+        help="fixed (2 prefills, decodes, a finish and a row reuse), mixed-chunk (mixed chunked prefill: sglang "
+        "#34076's seam, the running batch's indices gathered after their last owner was dropped), drawn "
+        "(Hypothesis, --examples of them), "
         "search (Hypothesis draws up to --examples in one process, shrinks the first racy one, saves it in "
         "--database and writes a replay file: engines/sglang/search.py), or a JSON file of one workload",
     )
@@ -68,6 +70,12 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="run each version's workloads in N harness processes at once (default 1; the verdict is the same)",
     )
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
+    parser.add_argument(
+        "--mixed-chunk",
+        action="store_true",
+        help="with --workload drawn: draw mixed chunked prefill workloads (a chunk size, prompts as embeddings or "
+        "not: workload.workloads(mixed_chunk=True))",
+    )
     parser.add_argument(
         "--max-output",
         type=int,
@@ -164,8 +172,13 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         from racefuzz.engines.sglang.search import search_command
 
         return search_command(args, device)
+    mixed_chunk = bool(getattr(args, "mixed_chunk", False))
+    if mixed_chunk and args.workload != "drawn":
+        raise InvalidArgument("--mixed-chunk applies to --workload drawn (--workload mixed-chunk is its fixed one)")
+    if mixed_chunk and spec != "none":
+        raise InvalidArgument("--mixed-chunk needs --spec none (the harness mixes chunks without speculative decoding)")
     workloads = with_spec(
-        workloads_for(args.workload, args.examples, args.seed, getattr(args, "max_output", 6)),
+        workloads_for(args.workload, args.examples, args.seed, getattr(args, "max_output", 6), mixed_chunk),
         spec,
         plan_stream,
         getattr(args, "attention", "flashinfer"),
@@ -190,6 +203,7 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
             manifest=args.manifest,
         )
         result["label"] = label
+        result["mixed_chunk"] = any(data.get("mixed_chunk") for data in workloads)
         results.append(result)
         print(format_result(result))
         sys.stdout.flush()
@@ -221,18 +235,23 @@ def _pack(args: argparse.Namespace) -> ExitCode:
     return ExitCode.CLEAN
 
 
-def workloads_for(workload: str, examples: int = 10, seed: int = 0, max_output: int = 6) -> list[dict[str, Any]]:
-    """`--workload`'s value as the harness's workload list: `fixed`, `drawn` (`examples` of them from
-    `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
-    from racefuzz.engines.sglang.workload import FIXED, Workload
+def workloads_for(
+    workload: str, examples: int = 10, seed: int = 0, max_output: int = 6, mixed_chunk: bool = False
+) -> list[dict[str, Any]]:
+    """`--workload`'s value as the harness's workload list: `fixed`, `mixed-chunk`, `drawn` (`examples` of
+    them from `seed`, mixed chunked prefill ones with `mixed_chunk`), or a JSON file of one workload; an
+    `InvalidArgument` otherwise."""
+    from racefuzz.engines.sglang.workload import FIXED, MIXED_CHUNK, Workload
 
     if workload == "fixed":
         return [FIXED.to_json()]
+    if workload == "mixed-chunk":
+        return [MIXED_CHUNK.to_json()]
     if workload == "drawn":
-        return [w.to_json() for w in draw_workloads(examples, seed, max_output)]
+        return [w.to_json() for w in draw_workloads(examples, seed, max_output, mixed_chunk)]
     path = Path(workload)
     if not path.is_file():
-        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {workload!r}")
+        raise InvalidArgument(f"--workload: expected fixed, mixed-chunk, drawn or a JSON file, got {workload!r}")
     try:
         return [Workload.from_json(json.loads(path.read_text())).to_json()]
     except (ValueError, KeyError, TypeError) as exc:
@@ -275,9 +294,10 @@ def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def draw_workloads(count: int, seed: int, max_output: int = 6) -> list[Any]:
+def draw_workloads(count: int, seed: int, max_output: int = 6, mixed_chunk: bool = False) -> list[Any]:
     """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
-    (fewer only if twice as many draws did not find that many)."""
+    (fewer only if twice as many draws did not find that many); mixed chunked prefill ones with
+    `mixed_chunk`."""
     import contextlib
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -299,7 +319,7 @@ def draw_workloads(count: int, seed: int, max_output: int = 6) -> list[Any]:
         suppress_health_check=list(HealthCheck),
         phases=(Phase.generate,),
     )
-    @given(workloads(max_output=max_output))
+    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk))
     def collect(workload: Any) -> None:
         if len(drawn) >= count:
             raise Enough
@@ -487,8 +507,42 @@ def format_result(result: dict[str, Any]) -> str:
             f"  control ({switch}, the barrier off): {verdict}: {total} race(s) in "
             f"{caught} of {len(controls)} workload(s)"
         )
+        if result.get("mixed_chunk") or any(lifetime_races(run) for run in controls):
+            lines += lifetime_lines(controls, "in the control")
     lines += manifest_lines(result.get("manifest", []))
     return "\n".join(lines)
+
+
+def lifetime_lines(runs: list[dict[str, Any]], where: str) -> list[str]:
+    """The runs' lifetime races (the second access a free, moved to its block's reuse by
+    `racefuzz.trace.lifetime`: sglang #34076's kind), each pair of source lines once."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        for race in lifetime_races(run):
+            found.setdefault((race["first"]["source"], race["second"]["source"]), race)
+    if not found:
+        return [f"  no lifetime race {where} (no use pending at a freed block's reuse)"]
+    lines = [f"  lifetime race(s) {where}: {len(found)} use(s) pending when a freed block is reused"]
+    for race in found.values():
+        lines.append(f"    {race['kind']} on {', '.join(race['bytes'][:3])}")
+        lines.append(f"      use : {race['first']['kernel']} on {race['first']['stream']}  {race['first']['source']}")
+        free, _, reuse = race["second"]["kernel"].partition(", its block reused by ")
+        lines.append(f"      free: {free} on {race['second']['stream']}  {race['second']['source']}")
+        if reuse:
+            lines.append(f"      reuse: {short_reuse(reuse)}")
+    return lines
+
+
+def lifetime_races(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's races whose second access is a free (at its block's reuse)."""
+    return [race for race in run["races"] if race.get("second", {}).get("kernel", "").startswith("free(")]
+
+
+def short_reuse(text: str) -> str:
+    """A reuse's `kernel (path/sglang/srt/...:line (function))` with the path cut to `sglang/...`."""
+    at = text.find("sglang/srt/")
+    opening = text.find("(")
+    return text[: opening + 1] + text[at:] if 0 <= opening < at else text
 
 
 def manifest_lines(found: list[dict[str, Any]]) -> list[str]:

@@ -9,14 +9,19 @@ only its heavy init steps, by name, so the ~200 attributes the loop reads are se
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import re
+import sys
 from array import array
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 from racefuzz.engines.sglang.workload import Request
+
+EMBED_WIDTH = 8
+"""The width of a `Request.embeds` prompt's embedding rows (the fake model has no hidden size)."""
 
 
 class Unsupported(RuntimeError):
@@ -73,10 +78,26 @@ class Adapter:
 
         return Scheduler
 
-    def server_args(self, sgl: Any, spec: str = "none", radix_cache: bool = True) -> Any:
+    def take_cuda_record_streams(self) -> list[str]:
+        """`cuda_record_streams()` once per process (the CPU harness's runs share the recompiled functions)."""
+        taken = getattr(self, "_record_streams_taken", None)
+        if taken is None:
+            taken = self._record_streams_taken = cuda_record_streams()
+        return taken
+
+    def server_args(
+        self,
+        sgl: Any,
+        spec: str = "none",
+        radix_cache: bool = True,
+        chunked_prefill: int = 0,
+        mixed_chunk: bool = False,
+    ) -> Any:
         """The server config the harness runs: a plain decoder on the torch attention path, no CUDA graphs,
         page size 1; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`;
-        `radix_cache` False sets `disable_radix_cache`."""
+        `radix_cache` False sets `disable_radix_cache`; `chunked_prefill` tokens is `chunked_prefill_size`
+        (0: -1, no chunking) and `mixed_chunk` is `enable_mixed_chunk` (a prefill mixed with the running
+        decodes, `ScheduleBatch.mix_with_running`)."""
         from sglang.srt.server_args import ServerArgs
 
         from racefuzz.engines.sglang.fake_model import DFLASH_BLOCK
@@ -94,7 +115,8 @@ class Adapter:
             device="cpu",
             skip_tokenizer_init=True,
             page_size=1,
-            chunked_prefill_size=-1,
+            chunked_prefill_size=chunked_prefill or -1,
+            enable_mixed_chunk=mixed_chunk,
             max_running_requests=8,
             disable_cuda_graph=True,
             attention_backend="torch_native",
@@ -294,7 +316,9 @@ class Adapter:
             rid=request.rid,
             input_text="",
             input_ids=array("q", ids),
-            input_embeds=None,
+            # A prompt as embeddings (`Request.embeds`): sglang keeps such a prefill out of a mixed batch; the
+            # fake model reads neither ids nor embeddings, so their values are immaterial.
+            input_embeds=[[0.0] * EMBED_WIDTH for _ in ids] if request.embeds else None,
             mm_inputs=None,
             token_type_ids=None,
             sampling_params=params,
@@ -304,6 +328,97 @@ class Adapter:
             token_ids_logprob=None,
             stream=False,
         )
+
+
+RECORD_STREAM_GUARDED = ("sglang.srt.managers.overlap_utils",)
+"""The modules whose CPU guards around `record_stream` the CPU harness takes as on CUDA (`cuda_record_streams`)."""
+
+
+def _is_cpu_guard(node: ast.If) -> bool:
+    """`if X.device.type != "cpu":` whose body calls `record_stream` (0.5.22 overlap_utils.py:99, :453)."""
+    test = node.test
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.NotEq)
+        and isinstance(test.left, ast.Attribute)
+        and test.left.attr == "type"
+        and isinstance(test.left.value, ast.Attribute)
+        and test.left.value.attr == "device"
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "cpu"
+    ):
+        return False
+    return any(
+        isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "record_stream"
+        for statement in node.body
+        for call in ast.walk(statement)
+    )
+
+
+class _TakeCudaSide(ast.NodeTransformer):
+    def __init__(self) -> None:
+        self.changed = 0
+
+    def visit_If(self, node: ast.If) -> ast.AST:
+        self.generic_visit(node)
+        if _is_cpu_guard(node):
+            self.changed += 1
+            node.test = ast.copy_location(ast.Constant(True), node.test)
+        return node
+
+
+def cuda_record_streams(module_names: tuple[str, ...] = RECORD_STREAM_GUARDED) -> list[str]:
+    """On the CPU, make sglang's own `record_stream` calls run where a CPU guard skips them.
+
+    sglang 0.5.22 added #34076's fix as `if batch.mix_running_indices.device.type != "cpu":
+    batch.mix_running_indices.record_stream(...)` (overlap_utils.py:99-102; the FutureMap one, :453, got the
+    same guard): "CPU has no cross-stream reuse hazard (and record_stream rejects CPU tensors)". The CPU
+    harness does have the hazard (its virtual streams) and the recorder takes `record_stream` of a CPU tensor
+    on a virtual stream (`racefuzz.trace.torch_patches`), so the harness runs what a GPU runs: each function
+    holding such a guard is recompiled from the version's own source with the guard's test `True` (its line
+    numbers kept) and put where the module and every module that imported it by name had the old one.
+    Returns `module:function` for each function replaced (none in a version without the guard)."""
+    import importlib
+    import inspect
+
+    replaced: list[str] = []
+    for module_name in module_names:
+        module = importlib.import_module(module_name)
+        path = inspect.getsourcefile(module)
+        if path is None:
+            continue
+        with open(path) as file:
+            tree = ast.parse(file.read(), filename=path)
+        for owner, node in _functions(tree):
+            transformer = _TakeCudaSide()
+            node = transformer.visit(node)
+            if not transformer.changed:
+                continue
+            code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec")
+            namespace: dict[str, Any] = {}
+            exec(code, module.__dict__, namespace)  # the version's own source, one guard's test changed
+            target: Any = getattr(module, owner) if owner else module
+            old = inspect.getattr_static(target, node.name)
+            new = namespace[node.name]
+            setattr(target, node.name, new)
+            if not owner:
+                for other in list(sys.modules.values()):
+                    if getattr(other, node.name, None) is old:
+                        setattr(other, node.name, new)
+            replaced.append(f"{module_name}:{owner + '.' if owner else ''}{node.name}")
+    return replaced
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """The module's top-level functions (owner "") and its classes' methods (owner: the class name)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            yield "", node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    yield node.name, item
 
 
 def device_positions(attn_backend: str, extend_prefix_lens: Any, extend_seq_lens: Any, extend_seq_lens_sum: int) -> Any:

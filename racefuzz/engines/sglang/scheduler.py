@@ -92,7 +92,13 @@ def configure(sgl: Any, adapter: Any, workload: Any, device: str = "cpu") -> Non
     """A fresh server config for one run of `workload`: sglang writes derived values into it (0.5.15
     scheduler.py:910 sets `pp_max_micro_batch_size` from the first run's pool once unset), so a shared one
     would give every later workload the first one's admission bound."""
-    sgl.server_args = adapter.server_args(None, spec=workload.spec, radix_cache=workload.radix_cache)
+    sgl.server_args = adapter.server_args(
+        None,
+        spec=workload.spec,
+        radix_cache=workload.radix_cache,
+        chunked_prefill=workload.chunked_prefill,
+        mixed_chunk=workload.mixed_chunk,
+    )
     if device == "cuda":
         sgl.server_args.device = "cuda"
 
@@ -121,6 +127,8 @@ def build_and_run(
 
     device_module = sgl.device_module = DeviceModule(env)
     scheduler_cls = adapter.scheduler_class(sgl)
+    if not on_gpu:  # sglang's `record_stream`s that a CPU guard skips run, as on a GPU (#34076's among them)
+        adapter.take_cuda_record_streams()
 
     worker_holder: dict[str, Any] = {}
 

@@ -12,7 +12,12 @@ own DFLASH worker v2 over the fake target and draft models) and, for DFLASH, whe
 `SGLANG_ENABLE_OVERLAP_PLAN_STREAM`), how the fake attention backend reads `req_to_token` (`attention`:
 `flashinfer`, each request's own `[0, len)` as `create_flashinfer_kv_indices_triton` does, or `fa3`, the
 eager FA3 page table `req_to_token[rows, :max_len]`: every row to the batch's longest), and whether the
-radix cache is on (`radix_cache`: with it off sglang's `ChunkCache` never rewrites a prefill's row).
+radix cache is on (`radix_cache`: with it off sglang's `ChunkCache` never rewrites a prefill's row),
+the prefill chunk (`chunked_prefill`: sglang's `chunked_prefill_size`, tokens; 0 is off, sglang's -1: a prompt
+goes in one forward) and whether a prefill is mixed with the running decodes (`mixed_chunk`: sglang's
+`enable_mixed_chunk`, which `Scheduler.is_mixed_chunk` takes only with a chunk size; then
+`ScheduleBatch.mix_with_running` runs and the forward gathers the decodes' tokens by `mix_running_indices`,
+the path of sglang #34076).
 """
 
 from __future__ import annotations
@@ -23,12 +28,28 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Request:
-    """One request: `rid`, the iteration it arrives at, its prompt length and output length (tokens)."""
+    """One request: `rid`, the iteration it arrives at, its prompt length and output length (tokens), and
+    whether its prompt arrives as input embeddings (`embeds`: `TokenizedGenerateReqInput.input_embeds`;
+    sglang never mixes such a prefill with the running decodes, 0.5.21 scheduler.py:4134, so it is how a
+    workload puts an unmixed prefill between a decode and a mixed one)."""
 
     rid: str
     arrival: int
     prompt_len: int
     output_len: int
+    embeds: bool = False
+
+    def describe(self) -> str:
+        return f"{self.rid}@{self.arrival}:{self.prompt_len}+{self.output_len}" + (" embeds" if self.embeds else "")
+
+    def to_json(self) -> list[Any]:
+        fields: list[Any] = [self.rid, self.arrival, self.prompt_len, self.output_len]
+        return [*fields, True] if self.embeds else fields
+
+    @staticmethod
+    def from_json(fields: list[Any]) -> Request:
+        rid, arrival, prompt_len, output_len, *rest = fields
+        return Request(str(rid), int(arrival), int(prompt_len), int(output_len), bool(rest[0]) if rest else False)
 
 
 SPECS = ("none", "dflash")
@@ -49,6 +70,8 @@ class Workload:
     plan_stream: bool = False
     attention: str = "flashinfer"
     radix_cache: bool = True
+    chunked_prefill: int = 0
+    mixed_chunk: bool = False
 
     def __post_init__(self) -> None:
         if self.spec not in SPECS:
@@ -57,17 +80,26 @@ class Workload:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.plan_stream and self.spec != "dflash":
             raise ValueError("plan_stream needs spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
+        if self.chunked_prefill < 0:
+            raise ValueError(f"chunked_prefill must be 0 (off) or a chunk size in tokens, got {self.chunked_prefill}")
+        if self.mixed_chunk and not self.chunked_prefill:
+            raise ValueError("mixed_chunk needs chunked_prefill (sglang mixes only chunked prefills)")
+        if self.mixed_chunk and self.spec != "none":
+            raise ValueError("mixed_chunk needs spec none (the harness mixes chunks without speculative decoding)")
 
     def describe(self) -> str:
-        parts = [f"{r.rid}@{r.arrival}:{r.prompt_len}+{r.output_len}" for r in self.requests]
+        parts = [r.describe() for r in self.requests]
         spec = "" if self.spec == "none" else f", {self.spec}" + (" on the plan stream" if self.plan_stream else "")
         backend = "" if self.attention == "flashinfer" else f", {self.attention} reads"
         radix = "" if self.radix_cache else ", radix cache off"
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}{backend}{radix}"
+        chunk = (
+            f", chunks of {self.chunked_prefill}{' mixed' if self.mixed_chunk else ''}" if self.chunked_prefill else ""
+        )
+        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}{backend}{radix}{chunk}"
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "requests": [[r.rid, r.arrival, r.prompt_len, r.output_len] for r in self.requests],
+            "requests": [r.to_json() for r in self.requests],
             "max_iterations": self.max_iterations,
             "pool_rows": self.pool_rows,
         }
@@ -78,18 +110,23 @@ class Workload:
             data["attention"] = self.attention
         if not self.radix_cache:
             data["radix_cache"] = False
+        if self.chunked_prefill:
+            data["chunked_prefill"] = self.chunked_prefill
+            data["mixed_chunk"] = self.mixed_chunk
         return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Workload:
         return Workload(
-            tuple(Request(str(a), int(b), int(c), int(d)) for a, b, c, d in data["requests"]),
+            tuple(Request.from_json(fields) for fields in data["requests"]),
             int(data.get("max_iterations", 40)),
             int(data.get("pool_rows", 2)),
             str(data.get("spec", "none")),
             bool(data.get("plan_stream", False)),
             str(data.get("attention", "flashinfer")),
             bool(data.get("radix_cache", True)),
+            int(data.get("chunked_prefill", 0)),
+            bool(data.get("mixed_chunk", False)),
         )
 
     def with_spec(
@@ -115,16 +152,54 @@ FIXED = Workload(
 )
 
 
-def workloads(max_requests: int = 4, max_output: int = 6) -> Any:
+MIXED_CHUNK = Workload(
+    (
+        Request("r0", 0, 4, 10),
+        Request("r1", 2, 4, 3, embeds=True),
+        Request("r2", 3, 12, 2),
+    ),
+    pool_rows=4,
+    chunked_prefill=8,
+    mixed_chunk=True,
+)
+"""sglang #34076's seam (`--workload mixed-chunk`): r0 decodes; r1's prompt arrives as embeddings, so its
+prefill runs unmixed and the next batch selection merges it into the running batch (`merge_batch`: a new
+`req_pool_indices`, held by the running batch alone); r2's first chunk is then mixed with that batch
+(`mix_with_running` aliases it as `mix_running_indices`, which the forward stream gathers in
+`resolve_forward_inputs`), and that batch object's last reference (the 2-slot record ring's, from r0's
+decode two iterations before) goes in the same `run_batch` (`record_batch_in_overlap`), after the gather
+was enqueued and before anything waited for it."""
+
+
+CHUNK_SIZES = (4, 8, 16)
+"""The prefill chunks (tokens) `workloads(mixed_chunk=True)` draws from."""
+
+
+def workloads(max_requests: int = 4, max_output: int = 6, mixed_chunk: bool = False) -> Any:
     """A Hypothesis strategy of `Workload`s: 1..max_requests requests, arrivals 0..4, prompts 1..40
-    tokens, outputs 1..max_output tokens, 1..3 pool rows (fewer rows than requests forces row reuse)."""
+    tokens, outputs 1..max_output tokens, 1..3 pool rows (fewer rows than requests forces row reuse).
+    With `mixed_chunk`: mixed chunked prefill on, a chunk of `CHUNK_SIZES`, 2..4 pool rows, and each
+    request's prompt as embeddings or not (`Request.embeds`: an unmixed prefill); without it the strategy
+    draws what it drew before (the same examples for the same seed)."""
     from hypothesis import strategies as st
 
-    request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output))
+    if not mixed_chunk:
+        request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output))
 
-    def build(spec: tuple[list[tuple[int, int, int]], int]) -> Workload:
-        items, rows = spec
-        requests = tuple(Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(sorted(items)))
-        return Workload(requests, pool_rows=rows)
+        def build(spec: tuple[list[tuple[int, int, int]], int]) -> Workload:
+            items, rows = spec
+            requests = tuple(Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(sorted(items)))
+            return Workload(requests, pool_rows=rows)
 
-    return st.tuples(st.lists(request, min_size=1, max_size=max_requests), st.integers(1, 3)).map(build)
+        return st.tuples(st.lists(request, min_size=1, max_size=max_requests), st.integers(1, 3)).map(build)
+
+    mixed_request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output), st.booleans())
+
+    def build_mixed(spec: tuple[list[tuple[int, int, int, bool]], int, int]) -> Workload:
+        items, rows, chunk = spec
+        requests = tuple(Request(f"r{i}", a, p, o, e) for i, (a, p, o, e) in enumerate(sorted(items)))
+        return Workload(requests, pool_rows=rows, chunked_prefill=chunk, mixed_chunk=True)
+
+    return st.tuples(
+        st.lists(mixed_request, min_size=1, max_size=max_requests), st.integers(2, 4), st.sampled_from(CHUNK_SIZES)
+    ).map(build_mixed)
