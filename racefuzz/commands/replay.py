@@ -3,7 +3,8 @@
 One file format for both frontends (`racefuzz.report.FORMAT`), told apart by its `kind`: `model` (a
 `racefuzz run` counterexample: a design, a workload and a schedule; a file without `kind` is one) or
 `trace` (a `racefuzz trace` counterexample: a step of real code and its delay points; the legacy
-`racefuzz-trace-replay` files are read as one). `replay_command` reads the file once, takes its kind, and
+`racefuzz-trace-replay` files are read as one), `sglang` / `vllm` (an engine harness's racy workload, re-run
+on the version it names). `replay_command` reads the file once, takes its kind, and
 replays it under the same watchdog (`--example-timeout`, Ctrl-C) and `--repeat` either way.
 
 A model's replay on the simulator is deterministic: it reproduces or racefuzz has a bug. On the GPU it runs
@@ -22,7 +23,7 @@ from racefuzz.commands import ParserFactory, argtypes
 from racefuzz.errors import BackendUnavailable, ExampleTimeout, InvalidArgument, ReplayError
 from racefuzz.exitcodes import ExitCode
 
-KINDS = ("model", "trace", "sglang")
+KINDS = ("model", "trace", "sglang", "vllm")
 """The kinds of counterexample a replay file holds."""
 
 
@@ -48,9 +49,8 @@ def replay_command(args: argparse.Namespace) -> ExitCode:
     from racefuzz.watchdog import StopRequested, stoppable
 
     data = read_json_file(args.file)  # bounded, regular files only: `racefuzz replay /dev/zero` is one line
-    replay = {"model": _model_replay, "trace": _trace_replay, "sglang": _sglang_replay}[replay_kind(data, args.file)](
-        data, args
-    )
+    replays = {"model": _model_replay, "trace": _trace_replay, "sglang": _sglang_replay, "vllm": _vllm_replay}
+    replay = replays[replay_kind(data, args.file)](data, args)
     try:
         with stoppable(args.example_timeout):  # a hung hook, kernel or step is abandoned, Ctrl-C stops between runs
             return replay()
@@ -145,6 +145,32 @@ def _sglang_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitC
 
     def runs() -> ExitCode:
         result = run_harness(python_dir, [workload.to_json()], True, version, DEFAULT_TIMEOUT_S, str(read_done))
+        result["label"] = version
+        print(format_result(result))
+        return version_verdict(result, control=True)
+
+    return runs
+
+
+def _vllm_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCode]:
+    """A `racefuzz vllm` racy workload: run again on the vLLM version it names (its sources fetched), beside
+    the control, as `racefuzz vllm --version V --workload FILE` runs it (happens-before: one run)."""
+    from racefuzz.commands.vllm import DEFAULT_TIMEOUT_S, format_result, run_harness, version_verdict
+    from racefuzz.engines.vllm import sources
+    from racefuzz.engines.vllm.workload import Workload
+
+    assert isinstance(data, dict)  # replay_kind checked it
+    version = data.get("vllm_version")
+    if not isinstance(version, str) or version == "unknown":
+        raise ReplayError(f"{args.file}: names no vLLM version: run racefuzz vllm --source DIR --workload {args.file}")
+    try:
+        workload = Workload.from_json(data)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ReplayError(f"{args.file}: not a vLLM workload ({type(exc).__name__}: {exc})") from None
+    python_dir = sources.locate(version=version)  # not fetched: one line naming the fetch command
+
+    def runs() -> ExitCode:
+        result = run_harness(python_dir, [workload.to_json()], True, version, DEFAULT_TIMEOUT_S)
         result["label"] = version
         print(format_result(result))
         return version_verdict(result, control=True)

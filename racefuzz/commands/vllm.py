@@ -9,10 +9,12 @@ and judge it by happens-before (`racefuzz.engines.vllm`, docs/vllm.md).
     racefuzz vllm pack --version 0.33.0 --out v.tar.gz          # a slim archive (for an offline GPU host)
     racefuzz vllm fetch --version 0.33.0 --archive v.tar.gz     # unpack such an archive into the cache
 
-Each version runs in its own subprocess, per workload twice: with `prepare_inputs_event` as the version
-has it, and the negative control (async scheduling, the event's synchronize a no-op). Exit codes as the
-rest of racefuzz: 1 a race in some version, 0 none and every control caught, 3 none but some control not
-caught, 2 a bad argument or missing sources (one line), 5 the harness failed on a version.
+Each version runs in its own subprocess, per workload twice: with the runner's events as the version has
+them, and the negative control (async scheduling, the synchronize of `prepare_inputs_event` and, with
+speculative decoding, of the counts' events a no-op: `runner.CONTROL_EVENTS`). A racy workload's replay
+file goes to `--report-dir`. Exit codes as the rest of racefuzz: 1 a race in some version, 0 none and every
+control caught, 3 none but some control not caught, 2 a bad argument or missing sources (one line), 5 the
+harness failed on a version.
 """
 
 from __future__ import annotations
@@ -44,13 +46,20 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--workload",
         default="fixed",
-        help="fixed (3 requests, a preemption, async scheduling), drawn (Hypothesis, --examples of them), "
-        "or a JSON file of one workload",
+        help="fixed (3 requests, a preemption, async scheduling), spec (speculative decoding on a hybrid model, "
+        "the batch unchanged: vLLM #36013), spec-condense (the same with a row moved by condense: #51571, "
+        "#53613), drawn (Hypothesis, --examples of them), or a JSON file of one workload (a replay file too)",
     )
     parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip the negative control")
     parser.add_argument("--json", type=Path, help="write every version's result as JSON here")
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        default=Path(".racefuzz"),
+        help="where a racy workload's replay file goes (default .racefuzz; racefuzz replay FILE re-runs it)",
+    )
     parser.add_argument(
         "--device",
         choices=("cpu", "cuda", "auto"),
@@ -119,6 +128,10 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
         result["label"] = label
         results.append(result)
         print(format_result(result))
+        for path in write_replays(result, args.report_dir):
+            print(
+                f"  replay: racefuzz replay {path}  (racefuzz vllm --version {result.get('version')} --workload {path})"
+            )
         sys.stdout.flush()
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
@@ -126,17 +139,17 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
 
 
 def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict[str, Any]]:
-    """`--workload`'s value as the harness's workload list: `fixed`, `drawn` (`examples` of them from
-    `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
-    from racefuzz.engines.vllm.workload import FIXED, Workload
+    """`--workload`'s value as the harness's workload list: a fixed one by name (`workload.NAMED`), `drawn`
+    (`examples` of them from `seed`), or a JSON file of one workload; an `InvalidArgument` otherwise."""
+    from racefuzz.engines.vllm.workload import NAMED, Workload
 
-    if workload == "fixed":
-        return [FIXED.to_json()]
+    if workload in NAMED:
+        return [NAMED[workload].to_json()]
     if workload == "drawn":
         return [w.to_json() for w in draw_workloads(examples, seed)]
     path = Path(workload)
     if not path.is_file():
-        raise InvalidArgument(f"--workload: expected fixed, drawn or a JSON file, got {workload!r}")
+        raise InvalidArgument(f"--workload: expected {', '.join(NAMED)}, drawn or a JSON file, got {workload!r}")
     try:
         return [Workload.from_json(json.loads(path.read_text())).to_json()]
     except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -220,6 +233,39 @@ def run_harness(
     return json.loads(lines[-1])
 
 
+REPLAY_KIND = "vllm"
+
+
+def replay_json(result: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """The replay file of a racy run: the project's replay format (`kind` vllm) around the workload's own
+    JSON (`Workload.from_json` reads its fields and ignores the others), the version and the first race."""
+    from racefuzz.report import FORMAT, FORMAT_VERSION
+
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "kind": REPLAY_KIND,
+        "vllm_version": result.get("version"),
+        "device": result.get("device", "cpu"),
+        **run["workload_json"],
+        "race": run["races"][0],
+    }
+
+
+def write_replays(result: dict[str, Any], report_dir: Path) -> list[Path]:
+    """One replay file per workload whose run (the version's synchronization as it has it) raced."""
+    if result.get("status") != "ok":
+        return []
+    paths = []
+    for index, run in enumerate(r for r in result["runs"] if not r["control"] and r["races"]):
+        report_dir.mkdir(parents=True, exist_ok=True)
+        race = run["races"][0]
+        path = report_dir / f"vllm-{result.get('version')}-{race['kind']}-{index}.json"
+        path.write_text(json.dumps(replay_json(result, run), indent=1) + "\n")
+        paths.append(path)
+    return paths
+
+
 def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
     if result.get("status") != "ok":
         return ExitCode.INTERNAL
@@ -256,17 +302,18 @@ def format_result(result: dict[str, Any]) -> str:
         f"total {result.get('seconds')} s",
     ]
     if races:
-        lines.append(f"  RACE: {len(races)} happens-before race(s) with prepare_inputs_event as the version has it")
+        lines.append(f"  RACE: {len(races)} happens-before race(s) with the runner's events as the version has them")
         lines += _race_lines(races)
     else:
-        lines.append("  clean: no happens-before race with prepare_inputs_event as the version has it")
+        lines.append("  clean: no happens-before race with the runner's events as the version has them")
     if controls:
         caught = sum(1 for run in controls if run["races"])
         total = sum(len(run["races"]) for run in controls)
         verdict = "caught" if caught else "NOT caught (inconclusive)"
+        events = sorted({e for run in controls for e in run.get("control_events", ["prepare_inputs_event"])})
         lines.append(
-            f"  control (async scheduling, prepare_inputs_event.synchronize a no-op): {verdict}: {total} race(s) "
-            f"in {caught} of {len(controls)} workload(s)"
+            f"  control (async scheduling, {', '.join(e + '.synchronize' for e in events)} a no-op): {verdict}: "
+            f"{total} race(s) in {caught} of {len(controls)} workload(s)"
         )
         lines += _race_lines([race for run in controls for race in run["races"]], limit=2)
     ring = result.get("uva_ring")

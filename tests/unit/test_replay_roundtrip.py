@@ -112,6 +112,6 @@ def test_a_legacy_trace_replay_file_and_a_model_file_without_kind_still_replay(t
     committed = sorted((ROOT / "docs/results/design-matrix/counterexamples").glob("*/*.json"))[0]
     assert "kind" not in json.loads(committed.read_text())  # written before the field: a model's
     unknown = tmp_path / "unknown.json"
-    unknown.write_text(json.dumps({**json.loads(committed.read_text()), "kind": "vllm"}))
+    unknown.write_text(json.dumps({**json.loads(committed.read_text()), "kind": "tensorrt"}))
     assert main(["replay", str(unknown)]) == ExitCode.USAGE
-    assert "\"kind\" must be one of model, trace, sglang, got 'vllm'" in capsys.readouterr().err
+    assert "\"kind\" must be one of model, trace, sglang, vllm, got 'tensorrt'" in capsys.readouterr().err

@@ -49,6 +49,7 @@ class FakeModelConfig:
         self.is_multimodal_raw_input_only_model = False
         self.is_mm_prefix_lm = False
         self.uses_mrope = False
+        self.uses_xdrope_dim = 0  # 0.17-0.18 compare it with 0
         self.supports_multimodal_inputs = False
         self.is_encoder_decoder = False
         self.logprobs_mode = "raw_logprobs"
@@ -98,17 +99,47 @@ class FakeVllmConfig:
         return None
 
 
-def fake_vllm_config(async_scheduling: bool) -> FakeVllmConfig:
+class FakeSpeculativeConfig:
+    """`SpeculativeConfig` of an EAGLE/MTP-kind drafter proposing `num_speculative_tokens` per step with the
+    padded drafter batch (the only kind async scheduling allows: 0.17.0 `config/vllm.py:
+    VllmConfig.__post_init__`); the drafter itself is `runner.FakeDrafter`. Any other field is None."""
+
+    method = "eagle"
+    disable_padded_drafter_batch = False
+    enforce_eager = True
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.draft_model_config = SimpleNamespace(max_model_len=MAX_MODEL_LEN)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        FakeVllmConfig.asked.add(f"speculative_config.{name}")
+        if name.startswith(("use_", "uses_")):  # the other drafter kinds' predicates (`use_dflash()`, ...)
+            return lambda: False
+        return None
+
+    def use_eagle(self) -> bool:
+        return True
+
+
+def fake_vllm_config(async_scheduling: bool, spec_tokens: int = 0) -> FakeVllmConfig:
+    """The config; `spec_tokens` > 0: speculative decoding of that many draft tokens on a hybrid model
+    (`is_hybrid`: the runner then copies the accepted counts to the host, `_update_states_after_model_execute`),
+    whose KV cache is still the one full-attention group (no Mamba state is kept: mamba_cache_mode "none")."""
     import torch
     from vllm.config import CacheConfig, CompilationConfig, CUDAGraphMode, ParallelConfig, SchedulerConfig
 
     config = FakeVllmConfig()
     config.model_config = FakeModelConfig(torch)
+    config.model_config.is_hybrid = spec_tokens > 0
+    config.speculative_config = FakeSpeculativeConfig(spec_tokens) if spec_tokens else None
     config.cache_config = CacheConfig(block_size=BLOCK_SIZE)
     config.scheduler_config = _scheduler_config(SchedulerConfig, async_scheduling)
     config.parallel_config = ParallelConfig()
     config.compilation_config = CompilationConfig(cudagraph_mode=CUDAGraphMode.NONE)
-    config.num_speculative_tokens = 0
+    config.num_speculative_tokens = spec_tokens
     for name in ("load_config", "offload_config", "observability_config"):
         setattr(config, name, _Loose(name))
     return config

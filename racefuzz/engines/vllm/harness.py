@@ -67,6 +67,7 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
         host = HostTensors().recorded() if device == "cpu" else contextlib.nullcontext()
         with host, vllm_runner.device_generic_events():
             runner = vllm_runner.build_runner(workload, target, control, slot_mapping)
+            holder["control_events"] = vllm_runner.control_events(runner)
             vllm_runner.name_buffers(env, runner)
             # The engine's init ends with the device idle (profiling and warmup synchronize it).
             env.synchronize()
@@ -78,6 +79,7 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
     run = holder["run"]
     return {
         "control": control,
+        "control_events": holder["control_events"],
         "async_scheduling": workload.async_scheduling,
         "steps": run.steps,
         "forwards": run.forwards,
@@ -91,20 +93,22 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
 
 def set_pinned_memory(available: bool) -> None:
     """vLLM's own switch for pinned memory, set before the modules that import it by name
-    (`vllm.utils.torch_utils.PIN_MEMORY` in 0.1x-0.33, `vllm.utils.is_pin_memory_available()` read in
-    `GPUModelRunner.__init__` before): off on the CPU (a CPU-only torch has no pinned allocator), on on a
-    GPU (what vLLM decides there; the platform the harness pins, `pin_platform`, would not be asked)."""
+    (`vllm.utils.torch_utils.PIN_MEMORY` in 0.1x-0.33, `is_pin_memory_available()` read in
+    `GPUModelRunner.__init__` from `vllm.utils` before 0.11 and from `vllm.utils.platform_utils` in
+    0.17-0.18): off on the CPU (a CPU-only torch has no pinned allocator), on on a GPU (what vLLM decides
+    there; the platform the harness pins, `pin_platform`, would not be asked)."""
     import importlib
 
     import vllm.utils
 
-    try:
-        torch_utils = importlib.import_module("vllm.utils.torch_utils")
-    except ModuleNotFoundError:
-        torch_utils = None
+    modules = [vllm.utils]
+    for name in ("vllm.utils.torch_utils", "vllm.utils.platform_utils"):  # 0.17-0.18 import it from the latter
+        with contextlib.suppress(ModuleNotFoundError):
+            modules.append(importlib.import_module(name))
+    torch_utils = next((m for m in modules if m.__name__ == "vllm.utils.torch_utils"), None)
     if torch_utils is not None and hasattr(torch_utils, "PIN_MEMORY"):
         torch_utils.PIN_MEMORY = available
-    for module in (vllm.utils, torch_utils):
+    for module in modules:
         if module is not None and hasattr(module, "is_pin_memory_available"):
             module.is_pin_memory_available = lambda: available
 
@@ -172,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         out["runs"] = []
         for workload in workloads:
             run = run_workload(workload, False, args.device, args.slot_mapping)
-            run["workload"] = workload.describe()
+            run["workload"], run["workload_json"] = workload.describe(), workload.to_json()
             out["runs"].append(run)
             if not args.no_control:
                 # The control needs the event, which exists only under async scheduling.
                 controlled = replace(workload, async_scheduling=True)
                 run = run_workload(controlled, True, args.device, args.slot_mapping)
-                run["workload"] = controlled.describe()
+                run["workload"], run["workload_json"] = controlled.describe(), controlled.to_json()
                 out["runs"].append(run)
         from racefuzz.engines.vllm.fake_model import FakeModelConfig, FakeVllmConfig
 

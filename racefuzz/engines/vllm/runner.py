@@ -54,7 +54,8 @@ class _Tracked:
     request: Request
     blocks: list[int] = field(default_factory=list)
     computed: int = 0  # tokens whose KV the runner has (or will have once the scheduled step runs)
-    scheduled_outputs: int = 0  # output tokens the scheduled steps produce
+    scheduled_outputs: int = 0  # steps scheduled that sample (each ends with at least one output token)
+    generated: int = 0  # output tokens those steps produce (a decode with drafts more than one)
     state: str = "waiting"  # waiting, running, preempted, finished
 
 
@@ -105,6 +106,8 @@ class FakeScheduler:
         new_reqs: list[tuple[str, list[int], int, bool]] = []
         cached: list[tuple[str, list[int] | None, int, bool]] = []
         num_scheduled: dict[str, int] = {}
+        spec_tokens: dict[str, list[int]] = {}
+        generated_before: dict[str, int] = {}
         budget = MAX_BATCHED_TOKENS
         for rid in self.order:  # decodes of running requests first
             tracked = self.tracked[rid]
@@ -115,12 +118,17 @@ class FakeScheduler:
                 self._release(tracked)
                 preempted.add(rid)
                 continue
-            new_blocks = self._allocate(tracked, tracked.computed + 1)
+            tokens = 1 + self.workload.spec_tokens  # the sampled token and the drafts to verify
+            new_blocks = self._allocate(tracked, tracked.computed + tokens)
             if new_blocks is None:
                 continue
             cached.append((rid, new_blocks or None, tracked.computed, False))
-            num_scheduled[rid] = 1
-            budget -= 1
+            num_scheduled[rid] = tokens
+            if self.workload.spec_tokens:
+                # vLLM's async scheduler schedules placeholders; the runner scatters the drafts it kept on the
+                # device into their slots (`_prepare_input_ids`).
+                spec_tokens[rid] = [-1] * self.workload.spec_tokens
+            budget -= tokens
         for rid in self.order:  # then (re)prefills, whole
             tracked = self.tracked[rid]
             resuming = tracked.state == "preempted" and rid not in preempted
@@ -140,6 +148,9 @@ class FakeScheduler:
             tracked.state = "running"
         for rid, tokens in num_scheduled.items():
             tracked = self.tracked[rid]
+            generated_before[rid] = tracked.generated
+            # A decode with drafts yields them all (the fake rejection sampler accepts every draft), a prefill one.
+            tracked.generated += 1 + (len(spec_tokens.get(rid, ())))
             tracked.computed += tokens
             tracked.scheduled_outputs += 1
             if tracked.scheduled_outputs >= tracked.request.output_len:
@@ -175,7 +186,7 @@ class FakeScheduler:
             all_token_ids={c[0]: _all_tokens(self.tracked[c[0]]) for c in cached if c[3]},
             new_block_ids=[(c[1],) if c[1] else None for c in cached],
             num_computed_tokens=[c[2] for c in cached],
-            num_output_tokens=[max(0, self.tracked[c[0]].scheduled_outputs - 1) for c in cached],
+            num_output_tokens=[generated_before[c[0]] for c in cached],
         )
         return build(
             SchedulerOutput,
@@ -183,7 +194,7 @@ class FakeScheduler:
             scheduled_cached_reqs=cached_data,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=spec_tokens,
             scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0],
             finished_req_ids=finished,
@@ -221,6 +232,116 @@ class _NoSyncEvent:
         pass
 
 
+class FakeDrafter:
+    """The drafter in place of vLLM's `EagleProposer` (what `GPUModelRunner.__init__` builds for an EAGLE/MTP
+    config: a draft model). The runner's `propose_draft_token_ids` is replaced by `HarnessRunner`'s, which
+    does what the version's EAGLE branch does with the target's output: the next tokens and the valid sampled
+    counts on the device, then vLLM's own `_copy_valid_sampled_token_count` (the D2H copy of the counts on
+    its side stream, `valid_sampled_token_count_event`); the drafts are the next token repeated. No draft
+    model runs (no second forward)."""
+
+    kv_cache_gid = 0
+    eagle3_use_aux_hidden_state = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Every step's counts, held for the run: vLLM's drafter allocates them afresh each step
+        # (0.33.0 `spec_decode/llm_base_proposer.py: prepare_next_token_ids_padded`) and the side stream's copy
+        # reads them without `record_stream`; whether their block is reused too early is the allocator's
+        # question, not one of the buffers judged here, so no block of theirs is ever freed.
+        self.kept: list[Any] = []
+
+
+class FakeRejectionSampler:
+    """`RejectionSampler` (its kernels are Triton) as greedy verification that accepts every draft: each
+    request's output is the target's argmax at its draft positions and its bonus position, none rejected
+    (the fake scheduler's optimistic token counts then stay right). torch ops on the device, as the kernels."""
+
+    def __call__(self, metadata: Any, draft_probs: Any, logits: Any, sampling_metadata: Any, *args: Any) -> Any:
+        import torch
+        from vllm.v1.outputs import SamplerOutput
+
+        target = logits.argmax(dim=-1).to(torch.int32)
+        num_reqs = len(metadata.num_draft_tokens)
+        width = max(metadata.num_draft_tokens) + 1
+        sampled = torch.full((num_reqs, width), -1, dtype=torch.int32, device=logits.device)
+        start = 0
+        for index, drafts in enumerate(metadata.num_draft_tokens):  # a host list, as vLLM's metadata has it
+            sampled[index, : drafts + 1] = target[start : start + drafts + 1]
+            start += drafts + 1
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
+
+def propose_drafts(runner: Any, sampled_token_ids: Any) -> Any:
+    """What the EAGLE branch of `GPUModelRunner.propose_draft_token_ids` does with the target's output before
+    its draft model runs (0.17.0: `self.drafter.prepare_next_token_ids_padded`, then
+    `self._copy_valid_sampled_token_count`), with the drafter's kernels as torch ops: each request's
+    valid sampled count and its last valid token; the drafts are that token, `num_spec_tokens` times."""
+    import torch
+
+    valid = (sampled_token_ids != -1).sum(dim=1)
+    next_token_ids = sampled_token_ids.gather(1, (valid - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    runner.drafter.kept += [valid, next_token_ids]
+    runner._copy_valid_sampled_token_count(next_token_ids, valid)
+    return next_token_ids.unsqueeze(1).expand(-1, runner.num_spec_tokens).to(torch.int64)
+
+
+def watch_numpy_reads(array: Any) -> Any:
+    """`array` (a `HostArray`) as one whose reads by indexing (`a[i]`, `a[:n]`, `a[index_array]`) are recorded
+    too, as the host's reads of those bytes (through an index array: their bounding range): vLLM reads the
+    accepted-token counts the device copied to the host through NumPy
+    (`input_batch.num_accepted_tokens_cpu[:num_reqs]`), and `HostArray` records NumPy writes only. Indexing
+    that NumPy does inside a write (`a[:n] = b`) is the write, not a read."""
+    import sys
+
+    import numpy as np
+
+    from racefuzz.trace.host_memory import HostArray
+
+    writing = HostArray.__setitem__.__code__
+
+    class ReadRecorded(HostArray):
+        def __getitem__(self, key: Any) -> Any:
+            value = super().__getitem__(key)
+            if sys._getframe(1).f_code is not writing:  # NumPy indexing the target of a write is no read
+                _record_numpy_read(self, key)
+            return value
+
+    view = np.asarray(array).view(ReadRecorded)
+    view._owner = array._owner
+    return view
+
+
+NUMPY_READ = "numpy read (host)"
+
+
+def _record_numpy_read(array: Any, key: Any) -> None:
+    """The host's read of `array[key]` on its owner's storage, named by the vLLM line that indexed it."""
+    import sys
+
+    import numpy as np
+
+    from racefuzz.trace.capture import active
+    from racefuzz.trace.host_memory import _torch_view
+
+    recorder = active()
+    if recorder is None or recorder.paused or array._owner is None:
+        return
+    plain = np.asarray(array)
+    positions = np.arange(plain.size).reshape(plain.shape)[key]
+    flat = np.ravel(positions)
+    if flat.size == 0:
+        return
+    offsets = sum(
+        index * stride for index, stride in zip(np.unravel_index(flat, plain.shape), plain.strides, strict=True)
+    )
+    first, last = int(offsets.min()), int(offsets.max())
+    region = _torch_view(array._owner, plain, first, (last - first) // plain.itemsize + 1, None)
+    ops = recorder.record.trace.ops
+    recorder.host_access(NUMPY_READ, [region], [])
+    caller = sys._getframe(2)  # the frame that indexed the array (past ReadRecorded.__getitem__)
+    ops[-1] = ops[-1]._replace(source=f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})")
+
+
 class SlotMappingKernel:
     """`block_table.ComputeSlotMappingKernel` restated in torch ops for the CPU (Triton does not run there):
     the same arguments, the same arithmetic for one context-parallel rank (`slot = block_table[req,
@@ -251,6 +372,39 @@ class SlotMappingKernel:
         blocks = block_table[request_of, position // block_size]
         slot_mapping[:num_tokens] = blocks.long() * block_size + position % block_size
         slot_mapping[num_tokens:max_num_tokens].fill_(-1)
+
+
+class SlotMappingLaunch:
+    """The `@triton.jit` slot-mapping kernel launched directly (0.19.0 `v1/worker/block_table.py:
+    BlockTable.compute_slot_mapping`: `_compute_slot_mapping_kernel[(num_reqs + 1,)](num_tokens,
+    max_num_tokens, query_start_loc, positions, block_table, stride, block_size, slot_mapping, ...)`) as
+    `SlotMappingKernel`'s torch ops, for the CPU."""
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(
+            num_tokens: int,
+            max_num_tokens: int,
+            query_start_loc: Any,
+            positions: Any,
+            block_table: Any,
+            block_table_stride: int,
+            block_size: int,
+            slot_mapping: Any,
+            **constants: Any,
+        ) -> None:
+            SlotMappingKernel()(
+                grid[0] - 1,
+                num_tokens,
+                max_num_tokens,
+                query_start_loc,
+                positions,
+                block_table,
+                block_table_stride,
+                slot_mapping,
+                block_size,
+            )
+
+        return launch
 
 
 def annotate_slot_mapping_kernel() -> None:
@@ -339,8 +493,11 @@ def single_process_groups() -> None:
 
 def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: str = "torch") -> Any:
     """vLLM's `GPUModelRunner` made by its own `__init__`, with the KV cache, attention group and model
-    that `initialize_kv_cache` / `load_model` would set faked. `control` makes `prepare_inputs_event`'s
-    synchronize a no-op (needs async scheduling: the event exists only then). `slot_mapping`: `torch`
+    that `initialize_kv_cache` / `load_model` would set faked. `control` makes the `synchronize` of
+    `prepare_inputs_event` (needs async scheduling: the event exists only then) and of the other
+    `CONTROL_EVENTS` the runner has a no-op. `workload.spec_tokens`: speculative decoding, with
+    `FakeDrafter` as vLLM's `EagleProposer`, `FakeRejectionSampler` and the accepted counts' NumPy reads
+    recorded (`watch_numpy_reads`). `slot_mapping`: `torch`
     replaces the version's Triton slot-mapping kernel by `SlotMappingKernel` (always on the CPU), `vllm`
     keeps the version's own (a GPU; the recorder records its launch, `annotate_slot_mapping_kernel`)."""
     from vllm.v1.worker import block_table
@@ -352,6 +509,8 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
     if slot_mapping == "torch" or device.type == "cpu":
         if hasattr(block_table, "_COMPUTE_SLOT_MAPPING_KERNEL"):
             block_table._COMPUTE_SLOT_MAPPING_KERNEL = SlotMappingKernel()
+        elif hasattr(block_table, "_compute_slot_mapping_kernel"):  # 0.19: the Triton kernel launched directly
+            block_table._compute_slot_mapping_kernel = SlotMappingLaunch()
     else:
         annotate_slot_mapping_kernel()
 
@@ -364,16 +523,45 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
             self.device_properties = SimpleNamespace(multi_processor_count=1, name="racefuzz-cpu")
             self.num_sms = 1
 
-    runner = HarnessRunner(fake_vllm_config(workload.async_scheduling), device)
+        def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any, *args: Any) -> Any:
+            return propose_drafts(self, sampled_token_ids)
+
+    if workload.spec_tokens:
+        from vllm.v1.worker import gpu_model_runner
+
+        if not hasattr(GPUModelRunner, "_copy_valid_sampled_token_count"):
+            raise ValueError(
+                "spec_tokens: this version's runner has no _copy_valid_sampled_token_count (EAGLE under "
+                "async scheduling came later)"
+            )
+        gpu_model_runner.EagleProposer = FakeDrafter  # what __init__ builds and the runner's isinstance checks name
+    runner = HarnessRunner(fake_vllm_config(workload.async_scheduling, workload.spec_tokens), device)
     runner.kv_cache_config = kv_cache_config(workload.num_blocks)
     runner.attn_groups = [[FakeAttentionGroup()]]
     runner.model = fake_model(workload.num_blocks, device)
     watch_input_batch_numpy_writes(runner.input_batch)
+    if workload.spec_tokens:
+        runner.rejection_sampler = FakeRejectionSampler()
+        batch = runner.input_batch
+        batch.num_accepted_tokens_cpu = watch_numpy_reads(batch.num_accepted_tokens_cpu)
     if control:
         if runner.prepare_inputs_event is None:
             raise ValueError("the control needs async scheduling (prepare_inputs_event exists only then)")
-        runner.prepare_inputs_event = _NoSyncEvent(runner.prepare_inputs_event)
+        for name in CONTROL_EVENTS:
+            if getattr(runner, name, None) is not None:
+                setattr(runner, name, _NoSyncEvent(getattr(runner, name)))
     return runner
+
+
+CONTROL_EVENTS = ("prepare_inputs_event", "valid_sampled_token_count_event", "num_accepted_tokens_event")
+"""The runner's events whose `synchronize` the control makes a no-op: every one that orders the host's input
+preparation after the device's earlier work (the input-prep event; with speculative decoding the valid
+sampled counts' and, from 0.18.0, the accepted counts')."""
+
+
+def control_events(runner: Any) -> list[str]:
+    """The `CONTROL_EVENTS` this runner has whose synchronize is a no-op (a control's)."""
+    return [name for name in CONTROL_EVENTS if isinstance(getattr(runner, name, None), _NoSyncEvent)]
 
 
 @contextlib.contextmanager

@@ -30,12 +30,15 @@ class Request:
 
 @dataclass(frozen=True)
 class Workload:
-    """A request stream, the step budget, the KV blocks there are, and async scheduling on or off."""
+    """A request stream, the step budget, the KV blocks there are, async scheduling on or off, and the
+    draft tokens a speculative decoder proposes per decode step (`spec_tokens`; 0: no speculative decoding;
+    more: a hybrid model with an EAGLE-kind drafter, `runner.FakeDrafter`)."""
 
     requests: tuple[Request, ...]
     async_scheduling: bool = True
     max_steps: int = 40
     num_blocks: int = 12
+    spec_tokens: int = 0
 
     def describe(self) -> str:
         parts = []
@@ -44,7 +47,8 @@ class Workload:
             sampled = " sampled" if r.random else ""
             parts.append(f"{r.rid}@{r.arrival}:{r.prompt_len}+{r.output_len}{preempt}{sampled}")
         mode = "async scheduling" if self.async_scheduling else "sync scheduling"
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.num_blocks} blocks, {mode}"
+        spec = f", spec decode {self.spec_tokens} draft tokens (hybrid model)" if self.spec_tokens else ""
+        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.num_blocks} blocks, {mode}{spec}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,7 @@ class Workload:
             "async_scheduling": self.async_scheduling,
             "max_steps": self.max_steps,
             "num_blocks": self.num_blocks,
+            "spec_tokens": self.spec_tokens,
         }
 
     @staticmethod
@@ -72,11 +77,19 @@ class Workload:
         for request in requests:
             if request.prompt_len < 1 or request.output_len < 1 or request.arrival < 0:
                 raise ValueError(f"request {request.rid}: prompt and output lengths >= 1, arrival >= 0")
+        spec_tokens = int(data.get("spec_tokens", 0))
+        if not 0 <= spec_tokens <= 4:
+            raise ValueError(f"spec_tokens must be 0 to 4, got {spec_tokens}")
+        if spec_tokens and any(r.preempt_at >= 0 for r in requests):
+            raise ValueError(
+                "a speculative-decoding workload has no preemption (the fake scheduler does not resume drafts)"
+            )
         return Workload(
             requests,
             bool(data.get("async_scheduling", True)),
             int(data.get("max_steps", 40)),
             int(data.get("num_blocks", 12)),
+            spec_tokens,
         )
 
 
@@ -90,6 +103,18 @@ FIXED = Workload(
 """Two prefills at step 0 (b: two blocks, sampled at temperature 1), a finishing while b decodes, b's
 decode at step 3 taking a third block (`append_row` on its row), c arriving at step 4 into a's freed row
 and blocks, b preempted at step 5 and resumed with fresh blocks."""
+
+
+SPEC_DECODE = Workload((Request("a", 0, 5, 4), Request("b", 0, 9, 4, random=True)), spec_tokens=1)
+"""Speculative decoding on a hybrid model under async scheduling (vLLM #36013's setting): two prefills at
+step 0, then three decode steps of each with one draft token, the batch unchanged between steps (no row
+moves: `InputBatch.condense` moves nothing)."""
+
+SPEC_DECODE_CONDENSE = Workload(
+    (Request("a", 0, 5, 2), Request("b", 0, 9, 4), Request("c", 0, 7, 4, random=True)), spec_tokens=1
+)
+"""As `SPEC_DECODE`, but request a finishes after its first decode while b and c decode on: the next step's
+`InputBatch.condense` moves c's row (its accepted-token count with it) into a's (vLLM #51571's setting)."""
 
 
 def workloads() -> Any:
@@ -110,3 +135,7 @@ def workloads() -> Any:
         return Workload(tuple(requests), draw(st.booleans()))
 
     return build()
+
+
+NAMED = {"fixed": FIXED, "spec": SPEC_DECODE, "spec-condense": SPEC_DECODE_CONDENSE}
+"""The fixed workloads by their `racefuzz vllm --workload` names."""
