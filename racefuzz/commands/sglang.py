@@ -494,6 +494,18 @@ def format_result(result: dict[str, Any]) -> str:
             lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
             for end in ("first", "second"):
                 lines.append(f"    {end:6}: {race[end]['kernel']} on {race[end]['stream']}  {race[end]['source']}")
+    freed = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("freed_in_use", ())}
+    if freed:  # harness.freed_in_use: a free nothing orders after a use, its block's reuse ordered: said once
+        lines.append(
+            f"  freed in use, not counted as races: {len(freed)} use(s) on another stream pending when a block is "
+            "freed, its reuse ordered after them (no corruption under torch's caching allocator, which hands the "
+            "block on at its reuse on its own stream; an allocator that hands it on sooner is not modelled)"
+        )
+        for race in freed.values():
+            lines.append(f"    {race['kind']} on {', '.join(race['bytes'][:3])}")
+            for end, label in (("first", "use "), ("second", "free")):
+                access = race[end]
+                lines.append(f"      {label}: {access['kernel']} on {access['stream']}  {access['source']}")
     steps = sum(r["forwards"] for r in barrier)  # target forwards: one per step (a DFLASH step drafts too)
     counts = sync_counts(barrier)
     if counts and steps and specs:

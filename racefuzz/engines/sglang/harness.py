@@ -62,6 +62,29 @@ def race_json(
     }
 
 
+def freed_in_use(trace: Any, judgement: Any) -> list[Any]:
+    """The pairs of a use on one stream and a free on another that nothing orders at the free itself, whose
+    block's reuse is ordered after the use (neither a race nor latent in `judgement`): sglang #34076's
+    "wait_stream orders execution but does not protect deallocation". Under torch's native caching
+    allocator the bytes change only at the reuse (`racefuzz.trace.lifetime`), so these are said, not counted;
+    they are the pairs an allocator that hands a freed block on before it is reused on its own stream would
+    corrupt, which racefuzz does not model."""
+    from racefuzz.hb import find_races
+    from racefuzz.trace.convert import TraceRace, to_program
+
+    judged = {(r.first.index, r.second.index) for r in judgement.races + judgement.latent}
+    converted = to_program(trace)
+    storages = list(trace.storages.values())  # buffer id i is the i-th storage, as convert numbers them
+    found = []
+    for race in find_races(converted.program):
+        first, second = converted.launches[race.first.index], converted.launches[race.second.index]
+        if second.kind != "free" or first.stream == second.stream or (first.index, second.index) in judged:
+            continue
+        where = tuple(storages[c.buffer.id].describe(c.col0, c.col1) for c in race.cells)
+        found.append(TraceRace(race, first, second, where))
+    return found
+
+
 def run_version(
     python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none", device: str = "cpu"
 ) -> dict[str, Any]:
@@ -106,6 +129,10 @@ def run_version(
         "launches": len(record.launch_ops),
         "races": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in races],
         "latent": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in judgement.latent],
+        "freed_in_use": [
+            race_json(r, holder["chains"], run.forward_callers, run.read_sites)
+            for r in freed_in_use(record.trace, judgement)
+        ],
         "sglang_functions": sorted(holder["functions"]),
         "seconds": round(time.perf_counter() - began, 3),
     }
