@@ -5,6 +5,10 @@ is recorded as it would be on a GPU.
 
 On a GPU run the env's streams are real CUDA streams and the recorder sees torch.cuda's own methods; the
 shim is only installed for CPU runs (`install(env)` patches `torch.get_device_module` for the run).
+
+`host_memory_split()` is the CPU run's host/device split (`racefuzz.trace.host_memory`): the fake worker's
+device is the stand-in `cpu:0`, so sglang's device tensors are on it and its host tensors (`*_cpu`, the
+results it copies to the host) on `cpu`, recorded as the host's accesses, as a GPU run records pinned memory.
 """
 
 from __future__ import annotations
@@ -120,3 +124,26 @@ def installed(module: DeviceModule) -> Iterator[DeviceModule]:
         yield module
     finally:
         torch.get_device_module = original  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def host_memory_split() -> Iterator[Any]:
+    """The CPU run's host/device split (module doc) for the block. sglang asks for the device's free
+    memory once, at init (`Scheduler.init_model_worker` -> `get_available_gpu_memory(self.device, ...)`,
+    0.5.14 scheduler.py:931, 0.5.15 :940, 0.5.23 :1264), which knows `cpu` but not `cpu:0`: the stand-in is
+    answered as `cpu` there (a log line and a startup figure; nothing the loop reads)."""
+    from sglang.srt.managers import scheduler
+
+    from racefuzz.trace.host_memory import DEVICE, HostTensors
+
+    asked = scheduler.get_available_gpu_memory
+
+    def available_memory(device: Any, *args: Any, **kwargs: Any) -> Any:
+        return asked("cpu" if str(device) == DEVICE else device, *args, **kwargs)
+
+    scheduler.get_available_gpu_memory = available_memory
+    try:
+        with HostTensors().recorded() as host_tensors:
+            yield host_tensors
+    finally:
+        scheduler.get_available_gpu_memory = asked

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from racefuzz.trace.annotations import WHOLE, annotate, rows
+from racefuzz.trace.host_memory import DEVICE
 
 VOCAB = 128
 READ_DONE = ("none", "after", "before")
@@ -238,7 +239,9 @@ class FakeTpWorker(_Strict):
         register_annotations()
         self.env = env
         self.adapter = adapter
-        self.device = "cuda" if getattr(env, "on_gpu", False) else "cpu"
+        # On the CPU the device tensors are on the stand-in device and the host's on `cpu` (harness.run_version
+        # records inside `device.host_memory_split()`), so sglang's `*_cpu` tensors are host memory as on a GPU.
+        self.device = "cuda" if getattr(env, "on_gpu", False) else DEVICE
         self.server_args = sgl.server_args
         self.model_config = scheduler.model_config
         self.spec_algorithm = scheduler.spec_algorithm
@@ -346,7 +349,7 @@ class FakeTpWorker(_Strict):
         bs = int(req_pool_indices.shape[0])
         max_len = self.context_len
         self.read_sites.append((_trace_position(), _sglang_chain(sys._getframe(2))))
-        if self.device == "cpu":
+        if self.device != "cuda":
             kv_indices = torch.empty((bs, max_len), dtype=req_to_token.dtype, device=req_to_token.device)
             launch_kernel(
                 "attention_kv_indices",
