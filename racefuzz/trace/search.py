@@ -7,7 +7,7 @@ without any delay (`SERIALIZED_REPEATS` more times): what differs between those 
 kernel's stores, and what depends on them) is not compared (`racefuzz.trace.oracle.masked`) and is named
 once in the report. A divergence the search finds then counts only if `confirm` more serialized runs
 without the schedule agree with the reference where it is compared (else what differed there is learned
-too and the search goes on) and the delays reproduce it k of k (`racefuzz.confirm`). A step whose launch
+too and the search goes on) and the schedule reproduces it k of k (`racefuzz.confirm`). A step whose launch
 sequence differs between serialized runs cannot be judged by values at all: the report says so.
 
 A schedule is the core's `racefuzz.schedule.Schedule` keyed by launch points (stream, n-th launch on that
@@ -383,8 +383,10 @@ def run_with_delays(
     varies without it).
 
     The schedule's forced orders are gates (`racefuzz.trace.orders.Gates`, through `gate_kernels`: the GPU's,
-    and on the CPU an `InvalidArgument`); a run in which one timed out did not keep its orders and is
-    `ScheduleInfeasible`, raised, not judged. `ordinals` is `watched_ordinals`: the value oracle compares
+    and on the CPU an `InvalidArgument`); they are not checked here -- the search draws only consistent
+    ones and a replay checks its file's (`OrderFacts`) -- so an order that deadlocks ends by its gate's
+    timeout: a run in which one timed out did not keep its orders and is `ScheduleInfeasible`, raised, not
+    judged. `ordinals` is `watched_ordinals`: the value oracle compares
     only those launches' stores, so a snapshot after any other launch (a model's 16 MB matmul output, say)
     would be copied to the host and dropped."""
     if not isinstance(schedule, Schedule):
