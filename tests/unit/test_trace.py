@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from racefuzz.schedule import Schedule  # noqa: E402
 from racefuzz.trace import WHOLE, annotate, launch_kernel, rows  # noqa: E402
 from racefuzz.trace.annotations import _REGISTRY  # noqa: E402
 from racefuzz.trace.capture import recording  # noqa: E402
@@ -19,7 +20,6 @@ from racefuzz.trace.env import TraceEnv  # noqa: E402
 from racefuzz.trace.oracle import compare  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.report import load_replay, race_text, render, replay_json  # noqa: E402
-from racefuzz.schedule import Schedule  # noqa: E402
 from racefuzz.trace.search import fuzz, run_once, search_schedules  # noqa: E402
 
 
