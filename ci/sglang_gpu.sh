@@ -15,6 +15,10 @@
 #   VERSIONS="0.5.16 0.5.23"        only these of the carried versions
 #   ARGS="--workload drawn --examples 2000 --jobs 12"   more arguments to racefuzz sglang (then the checks,
 #                                   written for the fixed workload, are skipped); NAME names the outputs
+#   ARGS="--workload mixed-chunk" VERSIONS="0.5.21 0.5.22"   sglang #34076 (mixed chunked prefill), checked
+#                                   by tests/cuda/test_sglang_mixed_chunk_gpu.py's check_mixed_chunk; run it
+#                                   with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the harness's
+#                                   subprocesses inherit it), the allocator the pull request saw corrupt
 #   TIMEOUT=240 (seconds per version), OUT, CARRY, WHEELS, SITE, RACEFUZZ_SGLANG_CACHE: where things go
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +96,20 @@ if [ -f "$OUT/$NAME.json" ]; then
     done
 fi
 
+if [ "${ARGS:-}" = "--workload mixed-chunk" ]; then
+    echo "PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-}" | tee "$OUT/$NAME.checks.log"
+    "$PYTHON" - "$OUT/$NAME.json" "$DEVICE" <<'EOF' 2>&1 | tee -a "$OUT/$NAME.checks.log"
+import json, runpy, sys
+checks = runpy.run_path("tests/cuda/test_sglang_mixed_chunk_gpu.py")
+results = {r.get("version"): r for r in json.load(open(sys.argv[1]))}
+try:
+    checks["check_mixed_chunk"](results, device=sys.argv[2])
+    print("check_mixed_chunk: passed")
+except (AssertionError, KeyError) as exc:
+    print(f"check_mixed_chunk: FAILED: {type(exc).__name__}: {exc}")
+EOF
+    exit "$rc"
+fi
 if [ -n "${ARGS:-}" ]; then
     echo "checks skipped: they are written for the fixed workload (ARGS=$ARGS)" | tee "$OUT/$NAME.checks.log"
     exit "$rc"
