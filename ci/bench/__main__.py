@@ -187,6 +187,40 @@ def _sglang_loop(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespac
     return run
 
 
+def _sglang_sync_cost(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], Any]:
+    _json_option(parser)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    parser.add_argument(
+        "--version",
+        dest="versions",
+        action="append",
+        default=[],
+        metavar="X",
+        help="repeatable (default 0.5.14, 0.5.15)",
+    )
+    parser.add_argument(
+        "--forward-us",
+        dest="forward_us",
+        action="append",
+        type=argtypes.finite_float(0.0, 1e6, "microseconds"),
+        default=[],
+        metavar="U",
+        help="the fake forward's GPU spin, repeatable (default cuda 0, 2000, 8000; cpu 0)",
+    )
+    parser.add_argument("--repeats", type=argtypes.bounded_int(2, 100, "an integer, 2 to 100"), default=None)
+    parser.add_argument("--plan-stream", action="store_true", help="DFLASH's prepare_for_decode on the plan stream")
+
+    def run(args: argparse.Namespace) -> Any:
+        from ci.bench import sglang_sync_cost
+
+        versions = tuple(args.versions) or sglang_sync_cost.DEFAULT_VERSIONS
+        forward_us = tuple(args.forward_us) or None
+        figures = sglang_sync_cost.run(versions, args.device, forward_us, args.repeats, args.plan_stream)
+        return figures, sglang_sync_cost.render
+
+    return run
+
+
 def _selfcheck(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], Any]:
     def run(args: argparse.Namespace) -> Any:
         from racefuzz.selfcheck import main
@@ -215,6 +249,10 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Callable[[a
     "gpu": ("the CUDA backend's search, examples/s and overhead over a plain replay", _gpu),
     "trace": ("racefuzz trace's recording cost per op", _plain("trace")),
     "sglang_loop": ("sglang's own scheduler loop under racefuzz sglang: examples/s, time to a race", _sglang_loop),
+    "sglang_sync_cost": (
+        "sglang 0.5.14's DFLASH self-event against 0.5.15's WAR barrier, plain runs",
+        _sglang_sync_cost,
+    ),
     "selfcheck": ("what the CUDA backend measures on this machine (racefuzz selfcheck)", _selfcheck),
     "proof": ("racefuzz trace on sglang's own kernels, and recording costs (ci.bench.proof)", _proof),
 }
