@@ -354,7 +354,9 @@ def run_harness(
         command += ["--device", device]
     if manifest is not None:
         command += ["--manifest", str(manifest)]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0")
+    from racefuzz.engines.sglang import bytecode
+
+    env = bytecode.subprocess_env(dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0"))
     if device == "cpu":
         # The CPU run is the same on every host: on a host with a GPU, sglang's `is_cuda()` would be True and
         # take the GPU's paths (0.5.16's `_war_barrier_enabled = is_cuda() or ...` ignores the control's

@@ -226,7 +226,11 @@ def run_search(
     if version:
         command += ["--sglang-version", version]
     # As the harness's CPU runs: the same on every host (sglang's is_cuda() False; commands/sglang.py).
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    from racefuzz.engines.sglang import bytecode
+
+    env = bytecode.subprocess_env(
+        dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    )
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
