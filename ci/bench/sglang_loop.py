@@ -9,8 +9,13 @@ runs included, since every verdict needs both), `iterations_per_s` (loop iterati
 / their seconds) and `wall_s` (the whole subprocess, from the parent).
 
 `time_to_race_s` is the wall time of one harness process on the fixed workload of a version that races
-(0.5.15, #31687's race), control off: start-up, imports, one recorded run, the verdict. The harness does
-not shrink yet (a drawn workload's race is reported as drawn), so no shrinking is included.
+(0.5.15, #31687's race), control off: start-up, imports, one recorded run, the verdict; no shrinking (the
+fixed workload is already small; `racefuzz sglang --workload search` shrinks, on the CPU only). Its parts,
+from the harness's clocks: `process_s` (the harness's `main`), `sglang_import_s`, `run_s` (the recorded run,
+sglang's `Scheduler.__init__` included) and `startup_s` (wall - process: the interpreter and the imports
+before `main`); `other_s` is the rest of `main` (the stubs, which import torch, torch._dynamo and
+torch._inductor first; the verdict). On the H200 most of it was Python compiling sources to bytecode, the
+host writing none: docs/results/sglang-sync-cost-h200/time-to-race.txt (and `racefuzz.engines.sglang.bytecode`).
 
     python -m ci.bench sglang_loop [--device cpu|cuda] [--examples N] [--version X ...] [--json PATH]
 
@@ -86,9 +91,23 @@ def run(versions: tuple[str, ...] = DEFAULT_VERSIONS, examples: int = EXAMPLES, 
         "raced": raced,
         "races": sum(len(r["races"]) for r in result.get("runs", [])),
         "time_to_race_s": round(wall, 3),
+        **_time_parts(result, wall),
         "error": None if result.get("status") == "ok" else result.get("error"),
     }
     return figures
+
+
+def _time_parts(result: dict[str, Any], wall: float) -> dict[str, float | None]:
+    """`time_to_race_s` split by the harness's clocks (the module doc); None where it reported none."""
+    process = result.get("seconds")
+    runs = result.get("runs") or []
+    run = sum(r["seconds"] for r in runs) if runs else None
+    imports = result.get("import_seconds")
+    parts: dict[str, float | None] = {"process_s": process, "sglang_import_s": imports, "run_s": run}
+    parts["startup_s"] = round(wall - process, 3) if process is not None else None
+    known = [x for x in (imports, run) if x is not None]
+    parts["other_s"] = round(process - sum(known), 3) if process is not None else None
+    return parts
 
 
 def render(figures: dict[str, Any]) -> str:
@@ -119,5 +138,7 @@ def render(figures: dict[str, Any]) -> str:
         "",
         f"time to the race on {race['version']} (fixed workload, one process, control off, no shrinking): "
         f"{race['time_to_race_s']} s, {found}",
+        f"  of which: start-up {race.get('startup_s')} s, sglang imports {race.get('sglang_import_s')} s, the recorded "
+        f"run {race.get('run_s')} s, the rest (stubs with torch's imports, verdict) {race.get('other_s')} s",
     ]
     return "\n".join(lines)

@@ -248,11 +248,13 @@ class ForwardClock:
 
 
 @contextlib.contextmanager
-def plain_cpu() -> Iterator[None]:
+def plain_cpu(env: Any) -> Iterator[None]:
     """What a plain CPU run needs that a recording's patches give it, with nothing recorded:
 
     * `Tensor.record_stream(s)` of a virtual stream does nothing: sglang's `FutureMap` calls it with the
-      device module's current stream, which torch's own refuses (`racefuzz.trace.torch_patches` records it);
+      device module's current stream, which torch's own refuses (`racefuzz.trace.torch_patches` records it),
+      and `torch.cuda.current_stream()` (sglang's `_async_d2h` asks it for a tensor it takes for a device
+      one) is the env's current virtual stream, as in a CPU recording;
     * sglang's one query of the device's free memory, at init (`Scheduler.init_model_worker` ->
       `get_available_gpu_memory`), is asked for `cpu` when the fake worker's device is a `cpu:N` stand-in
       (`racefuzz.trace.host_memory.DEVICE`), which it does not know (a startup figure the loop never reads).
@@ -273,7 +275,11 @@ def plain_cpu() -> Iterator[None]:
     def available_memory(device: Any, *args: Any, **kwargs: Any) -> Any:
         return asked("cpu" if str(device).startswith("cpu") else device, *args, **kwargs)
 
+    def current_stream(device: Any = None) -> Any:
+        return env.current_stream()
+
     with (
+        mock.patch.object(torch.cuda, "current_stream", current_stream),
         mock.patch.object(torch.Tensor, "record_stream", record_stream),
         mock.patch.object(scheduler, "get_available_gpu_memory", available_memory),
     ):
@@ -320,7 +326,7 @@ def plain_run(
             torch.cuda.synchronize()
         loop["began"] = time.perf_counter()
 
-    cpu_only = plain_cpu() if device == "cpu" else contextlib.nullcontext()
+    cpu_only = plain_cpu(env) if device == "cpu" else contextlib.nullcontext()
     with syncs.installed(device), forwards.installed(), cpu_only:
         run = harness_scheduler.build_and_run(env, sgl, adapter, workload, True, on_loop)
         if device == "cuda":
