@@ -153,21 +153,23 @@ def _sglang_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitC
 
 
 def _vllm_replay(data: object, args: argparse.Namespace) -> Callable[[], ExitCode]:
-    """A `racefuzz vllm` racy workload: run again on the vLLM version it names (its sources fetched), beside
-    the control, as `racefuzz vllm --version V --workload FILE` runs it (happens-before: one run)."""
+    """A `racefuzz vllm` racy workload: run again on the vLLM version it names (its sources fetched) or the
+    checkout it names (`source`), beside the control, as `racefuzz vllm --version V --workload FILE` runs it
+    (happens-before: one run)."""
     from racefuzz.commands.vllm import DEFAULT_TIMEOUT_S, format_result, run_harness, version_verdict
     from racefuzz.engines.vllm import sources
     from racefuzz.engines.vllm.workload import Workload
 
     assert isinstance(data, dict)  # replay_kind checked it
-    version = data.get("vllm_version")
-    if not isinstance(version, str) or version == "unknown":
+    version, source = data.get("vllm_version"), data.get("source")
+    if not isinstance(version, str) or (version == "unknown" and not source):
         raise ReplayError(f"{args.file}: names no vLLM version: run racefuzz vllm --source DIR --workload {args.file}")
     try:
         workload = Workload.from_json(data)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ReplayError(f"{args.file}: not a vLLM workload ({type(exc).__name__}: {exc})") from None
-    python_dir = sources.locate(version=version)  # not fetched: one line naming the fetch command
+    # A checkout's run replays on that checkout; a version's on its fetched sources (one line if absent).
+    python_dir = sources.locate(source=source) if isinstance(source, str) else sources.locate(version=version)
 
     def runs() -> ExitCode:
         result = run_harness(python_dir, [workload.to_json()], True, version, DEFAULT_TIMEOUT_S)

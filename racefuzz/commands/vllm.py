@@ -238,10 +238,11 @@ REPLAY_KIND = "vllm"
 
 def replay_json(result: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """The replay file of a racy run: the project's replay format (`kind` vllm) around the workload's own
-    JSON (`Workload.from_json` reads its fields and ignores the others), the version and the first race."""
+    JSON (`Workload.from_json` reads its fields and ignores the others), the version (and for a checkout its
+    `source` directory) and the first race."""
     from racefuzz.report import FORMAT, FORMAT_VERSION
 
-    return {
+    data = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "kind": REPLAY_KIND,
@@ -250,18 +251,26 @@ def replay_json(result: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         **run["workload_json"],
         "race": run["races"][0],
     }
+    if str(result.get("label", "")).startswith("source "):
+        data["source"] = str(Path(result["python_dir"]).resolve())
+    return data
 
 
 def write_replays(result: dict[str, Any], report_dir: Path) -> list[Path]:
-    """One replay file per workload whose run (the version's synchronization as it has it) raced."""
+    """One replay file per workload whose run (the runner's events as the version has them) raced, named by
+    the version (`source-` for a checkout), the first race's kind and a digest of the workload."""
+    import hashlib
+
     if result.get("status") != "ok":
         return []
     paths = []
-    for index, run in enumerate(r for r in result["runs"] if not r["control"] and r["races"]):
+    for run in (r for r in result["runs"] if not r["control"] and r["races"]):
         report_dir.mkdir(parents=True, exist_ok=True)
-        race = run["races"][0]
-        path = report_dir / f"vllm-{result.get('version')}-{race['kind']}-{index}.json"
-        path.write_text(json.dumps(replay_json(result, run), indent=1) + "\n")
+        data = replay_json(result, run)
+        digest = hashlib.sha1(json.dumps(run["workload_json"], sort_keys=True).encode()).hexdigest()[:8]
+        where = "source-" if "source" in data else ""
+        path = report_dir / f"vllm-{where}{result.get('version')}-{run['races'][0]['kind']}-{digest}.json"
+        path.write_text(json.dumps(data, indent=1) + "\n")
         paths.append(path)
     return paths
 
