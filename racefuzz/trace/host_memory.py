@@ -123,13 +123,13 @@ def _record(array: HostArray, key: Any) -> None:
         flat = np.unravel_index(positions, plain.shape)
         offsets = sum(index * stride for index, stride in zip(flat, plain.strides, strict=True))
         first, last = int(np.min(offsets)), int(np.max(offsets))
-        region_view = _torch_view(owner, plain, first, (last - first) // plain.itemsize + 1, None)
+        region_view = torch_view(owner, plain, first, (last - first) // plain.itemsize + 1, None)
     else:
-        region_view = _torch_view(owner, region, 0, None, region.strides)
+        region_view = torch_view(owner, region, 0, None, region.strides)
     recorder.host_access(HOST_WRITE, [], [region_view])
 
 
-def _torch_view(owner: Any, region: np.ndarray, extra: int, length: int | None, strides: Any) -> Any:
+def torch_view(owner: Any, region: np.ndarray, extra: int, length: int | None, strides: Any) -> Any:
     """The view of `owner` (a torch tensor) over `region`'s bytes (+ `extra`): its shape and strides, or a
     flat run of `length` elements."""
     base = owner.untyped_storage().data_ptr()

@@ -321,7 +321,7 @@ def _record_numpy_read(array: Any, key: Any) -> None:
     import numpy as np
 
     from racefuzz.trace.capture import active
-    from racefuzz.trace.host_memory import _torch_view
+    from racefuzz.trace.host_memory import torch_view
 
     recorder = active()
     if recorder is None or recorder.paused or array._owner is None:
@@ -335,7 +335,7 @@ def _record_numpy_read(array: Any, key: Any) -> None:
         index * stride for index, stride in zip(np.unravel_index(flat, plain.shape), plain.strides, strict=True)
     )
     first, last = int(offsets.min()), int(offsets.max())
-    region = _torch_view(array._owner, plain, first, (last - first) // plain.itemsize + 1, None)
+    region = torch_view(array._owner, plain, first, (last - first) // plain.itemsize + 1, None)
     ops = recorder.record.trace.ops
     recorder.host_access(NUMPY_READ, [region], [])
     caller = sys._getframe(2)  # the frame that indexed the array (past ReadRecorded.__getitem__)
