@@ -239,8 +239,8 @@ class FakeTpWorker(_Strict):
         register_annotations()
         self.env = env
         self.adapter = adapter
-        # On the CPU the device tensors are on the stand-in device and the host's on `cpu` (harness.run_version
-        # records inside `device.host_memory_split()`), so sglang's `*_cpu` tensors are host memory as on a GPU.
+        # On the CPU the device tensors are on the stand-in device and the host's on `cpu` (the loop runs inside
+        # `device.host_memory_split()`, `scheduler.build_and_run`), so sglang's `*_cpu` tensors are host memory.
         self.device = "cuda" if getattr(env, "on_gpu", False) else DEVICE
         self.server_args = sgl.server_args
         self.model_config = scheduler.model_config

@@ -11,7 +11,6 @@ a process. Stubs for the server's dependencies are installed first (`stubs.insta
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -90,7 +89,6 @@ def run_version(
     python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none", device: str = "cpu"
 ) -> dict[str, Any]:
     from racefuzz.engines.sglang import scheduler as harness_scheduler
-    from racefuzz.engines.sglang.device import host_memory_split
     from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.search import run_once
 
@@ -100,14 +98,10 @@ def run_version(
     harness_scheduler.configure(sgl, adapter, workload, device)
 
     def step(env: Any) -> None:
-        # On the CPU: sglang's host tensors (`*_cpu`, FutureMap's host buffers, results copied to the host) are
-        # the host's, its device tensors on the stand-in device (`racefuzz.trace.host_memory`), as on a GPU.
-        host = host_memory_split() if device == "cpu" else contextlib.nullcontext()
         try:
-            with host:
-                holder["run"] = harness_scheduler.build_and_run(
-                    env, sgl, adapter, workload, barrier, start_profile, read_done
-                )
+            holder["run"] = harness_scheduler.build_and_run(
+                env, sgl, adapter, workload, barrier, start_profile, read_done
+            )
         finally:
             holder["functions"], holder["chains"] = stop_profile()
 

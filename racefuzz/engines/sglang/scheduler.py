@@ -28,6 +28,7 @@ from unittest import mock
 from racefuzz.engines.sglang.adapters import Adapter
 from racefuzz.engines.sglang.fake_model import FakeTpWorker, fake_model_config
 from racefuzz.engines.sglang.workload import Request, Workload
+from racefuzz.trace.host_memory import DEVICE
 
 CONTEXT_LEN = 256
 POOL_ROWS = 8
@@ -122,8 +123,8 @@ def build_and_run(
     if on_gpu:  # torch.cuda's own streams, named as on the CPU (`gpu.py`)
         from racefuzz.engines.sglang.gpu import CudaDeviceModule as DeviceModule
         from racefuzz.engines.sglang.gpu import installed
-    else:
-        from racefuzz.engines.sglang.device import DeviceModule, installed
+    else:  # the CPU's stream shim; host memory split from the device's (`device.host_memory_split`)
+        from racefuzz.engines.sglang.device import DeviceModule, host_memory_split, installed
 
     device_module = sgl.device_module = DeviceModule(env)
     scheduler_cls = adapter.scheduler_class(sgl)
@@ -199,9 +200,10 @@ def build_and_run(
         if dflash
         else contextlib.nullcontext()
     )
-    with installed(device_module), adapter.patched_runtime(sgl, env, worker_holder), spec_runtime:
-        if dflash and workload.plan_stream:
-            adapter.install_plan_stream(env, "cuda" if on_gpu else "cpu")
+    host_memory = contextlib.nullcontext() if on_gpu else host_memory_split()
+    with host_memory, installed(device_module), adapter.patched_runtime(sgl, env, worker_holder), spec_runtime:
+        if dflash and workload.plan_stream:  # keyed by the batch's device, the worker's
+            adapter.install_plan_stream(env, "cuda" if on_gpu else DEVICE)
         scheduler = HarnessScheduler(*adapter.init_args(sgl))
         if dflash:
             adapter.prepare_dflash_worker(scheduler.draft_worker, on_gpu)
