@@ -37,6 +37,7 @@ def test_every_benchmark_of_the_runner_is_a_module_of_ci_bench() -> None:
         "selfcheck",
         "proof",
         "sglang_loop",
+        "sglang_sync_cost",
     }
     for name in set(BENCHMARKS) - {"selfcheck"}:
         assert (ROOT / "ci" / "bench" / f"{name}.py").is_file(), name
