@@ -94,7 +94,55 @@ def run(versions: tuple[str, ...] = DEFAULT_VERSIONS, examples: int = EXAMPLES, 
         **_time_parts(result, wall),
         "error": None if result.get("status") == "ok" else result.get("error"),
     }
+    figures["recording_cost"] = [recording_cost(version, device) for version in versions]
     return figures
+
+
+COST_REPEATS = 4
+"""Runs of the cost workload per version and mode in one process: a warm-up, then three measured."""
+
+
+def recording_cost(version: str, device: str) -> dict[str, Any]:
+    """The recorder's cost per loop iteration against the iteration's own time, on one version: the cost
+    workload (`racefuzz.engines.sglang.costs.COST_WORKLOAD`, speculative decoding off) run by sglang's loop
+    plainly (`racefuzz.engines.sglang.costs`: no recorder) and under `racefuzz sglang`'s recorder (the
+    harness: dispatch mode, patched streams, the profiler that names sglang's functions), each `COST_REPEATS`
+    times in one process, the first a warm-up. Both clocks time the loop alone (from `run_event_loop`'s start
+    to its end: not the `Scheduler`'s construction, not the verdict); medians of the measured runs."""
+    import statistics
+
+    from ci.bench.sglang_sync_cost import run_costs
+    from racefuzz.commands.sglang import run_harness
+    from racefuzz.engines.sglang import sources
+    from racefuzz.engines.sglang.costs import COST_WORKLOAD
+
+    workload = dict(COST_WORKLOAD, spec="none", plan_stream=False)
+    path = sources.locate(version=version)
+    row: dict[str, Any] = {"version": version}
+    plain = run_costs(str(path), version, device, (0.0,), COST_REPEATS, workload)
+    recorded = run_harness(path, [workload] * COST_REPEATS, False, version, 3600.0, device=device)
+    if plain.get("status") != "ok" or recorded.get("status") != "ok":
+        row["error"] = plain.get("error") if plain.get("status") != "ok" else recorded.get("error")
+        return row
+    summary = plain["settings"][0]["summary"]
+    measured = recorded["runs"][1:]
+    iterations = measured[0]["iterations"]
+    recorded_us = statistics.median(r["loop_seconds"] * 1e6 / r["iterations"] for r in measured)
+    launches = statistics.median(r["launches"] / r["iterations"] for r in measured)
+    cost = recorded_us - summary["iteration_us"]
+    row.update(
+        iterations=iterations,
+        same_iterations=summary["same_iterations"]
+        and summary["iterations"] == iterations
+        and all(r["iterations"] == iterations for r in measured),
+        plain_us_per_iteration=summary["iteration_us"],
+        recorded_us_per_iteration=round(recorded_us, 1),
+        recording_us_per_iteration=round(cost, 1),
+        recorded_over_plain=round(recorded_us / summary["iteration_us"], 2),
+        launches_per_iteration=round(launches, 1),
+        recording_us_per_launch=round(cost / launches, 1) if launches else None,
+    )
+    return row
 
 
 def _time_parts(result: dict[str, Any], wall: float) -> dict[str, float | None]:
@@ -141,4 +189,23 @@ def render(figures: dict[str, Any]) -> str:
         f"  of which: start-up {race.get('startup_s')} s, sglang imports {race.get('sglang_import_s')} s, the recorded "
         f"run {race.get('run_s')} s, the rest (stubs with torch's imports, verdict) {race.get('other_s')} s",
     ]
+    lines += [
+        "",
+        "recording cost per loop iteration (the cost workload, speculative decoding off; loop time only, medians of "
+        f"{COST_REPEATS - 1} runs after a warm-up; plain = sglang's loop with no recorder):",
+        "",
+        "| version | iterations | plain us/iteration | recorded us/iteration | recording us/iteration | recorded/plain "
+        "| launches/iteration | recording us/launch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in figures.get("recording_cost", []):
+        if "error" in row:
+            lines.append(f"| {row['version']} | error: {row['error']} | | | | | | |")
+            continue
+        same = "" if row["same_iterations"] else " (iterations differ between runs)"
+        lines.append(
+            f"| {row['version']} | {row['iterations']}{same} | {row['plain_us_per_iteration']} | "
+            f"{row['recorded_us_per_iteration']} | {row['recording_us_per_iteration']} | {row['recorded_over_plain']} "
+            f"| {row['launches_per_iteration']} | {row['recording_us_per_launch']} |"
+        )
     return "\n".join(lines)
