@@ -13,9 +13,10 @@ one directory per torch version, Python version, interpreter prefix (`sys.prefix
 environments on one host keep a build each, instead of rebuilding it whenever the other ran last) and
 source (`_fastpath.cpp`'s digest: two checkouts of different versions keep theirs too); the
 first build says on stderr, in one line, that it is compiling and where, whoever asked for it (the CLI,
-the pytest fixture, `racefuzz.trace.fuzz`). Concurrent processes (pytest-xdist workers) wait for one build
-through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a killed build's and is
-removed first.
+the pytest fixture, `racefuzz.trace.fuzz`). It compiles a copy of the source kept in that directory
+(`build_source`), so that checkouts of one source share one build. Concurrent processes (pytest-xdist
+workers) wait for one build through torch's lock in that directory; a lock older than `STALE_LOCK_S` is a
+killed build's and is removed first.
 """
 
 from __future__ import annotations
@@ -78,11 +79,32 @@ def _load() -> Any | None:
                 file=sys.stderr,
                 flush=True,
             )
-        module = load(NAME, [SOURCE], build_directory=directory, extra_cflags=["-O2"], verbose=False)
+        module = load(NAME, [build_source(directory)], build_directory=directory, extra_cflags=["-O2"], verbose=False)
     except Exception as error:  # no compiler, no ninja, a torch without headers: record in Python
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return _unavailable(f"{type(error).__name__}: {first}")
     return module
+
+
+def build_source(directory: str) -> str:
+    """The copy of `_fastpath.cpp` that the build in `directory` compiles, written there if it is not yet.
+
+    ninja's build file names its source by absolute path, so compiling the tree's own file would make two
+    checkouts of one source (a tree and its CI clone, git worktrees), which share `directory`, rebuild
+    whenever the other ran last. The copy's path is the directory's, the same for every checkout; its
+    content is the digest's. It is replaced atomically, and only when it differs (a rewrite would change
+    its mtime and make ninja rebuild)."""
+    copy = os.path.join(directory, os.path.basename(SOURCE))
+    with open(SOURCE, "rb") as source:
+        code = source.read()
+    with contextlib.suppress(OSError), open(copy, "rb") as existing:
+        if existing.read() == code:
+            return copy
+    partial = f"{copy}.{os.getpid()}.tmp"
+    with open(partial, "wb") as out:
+        out.write(code)
+    os.replace(partial, copy)
+    return copy
 
 
 STALE_LOCK_S = 600

@@ -652,3 +652,31 @@ def test_each_interpreter_prefix_keeps_its_own_build_and_the_first_build_says_wh
     (tmp_path / "racefuzz" / os.path.basename(second) / f"{fastpath.NAME}.so").write_text("")
     fastpath.load()
     assert capsys.readouterr().err == ""
+
+
+def test_two_checkouts_of_one_source_compile_one_path_and_share_the_build(monkeypatch, tmp_path):
+    """ninja's build file names its source by absolute path: were each checkout's own `_fastpath.cpp`
+    compiled, a tree and its CI clone (or two git worktrees) would rebuild whenever the other ran last. Both
+    compile the build directory's copy: one path, one build; the copy is not rewritten when it is current
+    (its mtime would make ninja rebuild)."""
+    import os
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    compiled = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda name, sources, **options: compiled.append(sources))
+    original = fastpath.SOURCE
+    for checkout in ("tree", "ci-clone"):
+        copy = tmp_path / checkout / "_fastpath.cpp"
+        copy.parent.mkdir()
+        shutil.copyfile(original, copy)
+        monkeypatch.setattr(fastpath, "SOURCE", str(copy))
+        monkeypatch.setattr(fastpath, "_loaded", [])
+        fastpath.load()
+    (first,), (second,) = compiled
+    assert first == second and first.startswith(fastpath.build_directory())
+    with open(first, "rb") as built, open(original, "rb") as source:
+        assert built.read() == source.read()
+    before = os.stat(first).st_mtime_ns
+    fastpath.build_source(os.path.dirname(first))
+    assert os.stat(first).st_mtime_ns == before
