@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racefuzz.commands.engine import fetch_action, pack_action
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
@@ -143,9 +144,9 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     for version in args.versions:
         sources.check_version(version)
     if args.action == "fetch":
-        return _fetch(args)
+        return fetch_action(args, sources.SGLANG)
     if args.action == "pack":
-        return _pack(args)
+        return pack_action(args, sources.SGLANG, sources.pack)
     if not args.versions and args.source is None:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
@@ -210,29 +211,6 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return overall_exit(results, args.control)
-
-
-def _fetch(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.engines.sglang import sources
-
-    if len(args.versions) != 1 and args.archive is not None:
-        raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
-    if not args.versions:
-        raise InvalidArgument("racefuzz sglang fetch needs --version X (repeatable)")
-    for version in args.versions:
-        path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
-        print(f"sglang {version}: {path}")
-    return ExitCode.CLEAN
-
-
-def _pack(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.engines.sglang import sources
-
-    if args.out is None or (len(args.versions) != 1 and args.source is None):
-        raise InvalidArgument("racefuzz sglang pack needs one --version X (or --source DIR) and --out FILE.tar.gz")
-    out = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
-    print(f"{out}: {out.stat().st_size / 1e6:.1f} MB")
-    return ExitCode.CLEAN
 
 
 def workloads_for(

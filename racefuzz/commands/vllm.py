@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racefuzz.commands.engine import fetch_action, pack_action
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
@@ -91,22 +92,9 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
     for version in args.versions:
         sources.check_version(version)
     if args.action == "fetch":
-        if not args.versions:
-            raise InvalidArgument("racefuzz vllm fetch needs --version X (repeatable)")
-        if args.archive is not None and len(args.versions) != 1:
-            raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
-        if args.archive is not None and not args.archive.is_file():
-            raise InvalidArgument(f"fetch --archive: no file {args.archive}")
-        for version in args.versions:
-            path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
-            print(f"vllm {version}: {path}")
-        return ExitCode.CLEAN
+        return fetch_action(args, sources.VLLM)
     if args.action == "pack":
-        if args.out is None or (len(args.versions) != 1) == (args.source is None):
-            raise InvalidArgument("racefuzz vllm pack needs one --version X or --source DIR, and --out FILE.tar.gz")
-        out, count, size = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
-        print(f"{out}: {count} files, {size / 1e6:.1f} MB of .py, {out.stat().st_size / 1e6:.1f} MB archived")
-        return ExitCode.CLEAN
+        return pack_action(args, sources.VLLM, sources.pack)
     device = resolve_device(args.device)
     if args.slot_mapping == "vllm" and device != "cuda":
         raise InvalidArgument("--slot-mapping vllm needs --device cuda (Triton does not run on the CPU)")

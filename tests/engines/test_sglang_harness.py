@@ -202,7 +202,8 @@ def test_pack_and_unpack_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tree / sources.MARKER).write_text("# scheduler\n")
     (tree / "sglang/srt/managers/data.bin").write_bytes(b"\0" * 100)  # not a .py file: left out
     assert sources.locate(source=tree.parent) == tree.resolve()
-    archive = sources.pack(None, tmp_path / "s.tar.gz", source=tree)
+    archive, count, _size = sources.pack(None, tmp_path / "s.tar.gz", source=tree)
+    assert count == 1  # the one .py file
     with tarfile.open(archive) as packed:
         names = packed.getnames()
     assert "python/sglang/srt/managers/scheduler.py" in names
