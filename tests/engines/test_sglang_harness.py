@@ -254,6 +254,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
 
 
+def test_a_missing_or_unreadable_archive_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """As `racefuzz vllm fetch --archive` (one mechanism: `racefuzz.commands.engine.fetch_action`)."""
+    unreadable = tmp_path / "not-a.tar.gz"
+    unreadable.write_text("not a tar file\n")
+    for archive, message in ((tmp_path / "absent.tar.gz", "no file"), (unreadable, "not a readable .tar.gz")):
+        done = _cli("fetch", "--version", "0.5.99", "--archive", str(archive), env={sources.CACHE_ENV: str(tmp_path)})
+        assert done.returncode == ExitCode.USAGE, done.stderr
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 def test_verdicts_map_to_exit_codes() -> None:
     from racefuzz.commands.sglang import overall_exit
 
