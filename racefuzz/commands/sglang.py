@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racefuzz.commands import engine
 from racefuzz.commands.engine import fetch_action, pack_action
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
@@ -185,13 +185,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         getattr(args, "attention", "flashinfer"),
         getattr(args, "radix_cache", True),
     )
-    targets: list[tuple[str, Path, str | None]] = []
-    if args.source is not None:
-        targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
-    for version in args.versions:
-        targets.append((version, sources.locate(version=version), version))
     results = []
-    for label, python_dir, version_hint in targets:
+    for label, python_dir, version_hint in engine.targets(args, sources.locate, args.sglang_version):
         result = run_harness_jobs(
             python_dir,
             workloads,
@@ -208,8 +203,7 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         results.append(result)
         print(format_result(result))
         sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    engine.write_results(results, args.json)
     return overall_exit(results, args.control)
 
 
@@ -321,17 +315,17 @@ def run_harness(
     manifest: int | None = None,
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
-    command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
-    command.append("--workloads-stdin")  # on stdin: 10,000 workloads are past the command line's limit
+    options = ["--workloads-stdin"]  # on stdin: 10,000 workloads are past the command line's limit
     if not control:
-        command.append("--no-control")
-    command += ["--read-done", read_done]
+        options.append("--no-control")
+    options += ["--read-done", read_done]
     if version:
-        command += ["--sglang-version", version]
+        options += ["--sglang-version", version]
     if device != "cpu":
-        command += ["--device", device]
+        options += ["--device", device]
     if manifest is not None:
-        command += ["--manifest", str(manifest)]
+        options += ["--manifest", str(manifest)]
+    from racefuzz.engines.harness_process import run_json_process
     from racefuzz.engines.sglang import bytecode
 
     env = bytecode.subprocess_env(dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0"))
@@ -340,21 +334,9 @@ def run_harness(
         # take the GPU's paths (0.5.16's `_war_barrier_enabled = is_cuda() or ...` ignores the control's
         # SGLANG_ENABLE_WAR_BARRIER=0: the control was not caught on an H200 host's CPU).
         env["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        done = subprocess.run(
-            command, input=json.dumps(workloads), capture_output=True, text=True, timeout=timeout, env=env
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {
-            "status": "error",
-            "error": f"the harness exited {done.returncode}: {tail}",
-            "python_dir": str(python_dir),
-        }
-    return json.loads(lines[-1])
+    return run_json_process(
+        "racefuzz.engines.sglang.harness", python_dir, options, timeout=timeout, env=env, stdin=json.dumps(workloads)
+    )
 
 
 def run_harness_jobs(
@@ -402,24 +384,14 @@ def run_harness_jobs(
 
 
 def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
-    if result.get("status") == "unsupported":
-        return ExitCode.USAGE
-    if result.get("status") != "ok":
-        return ExitCode.INTERNAL
-    runs = result["runs"]
-    if any(run["races"] for run in runs if run["barrier"]) or any(m["manifested"] for m in result.get("manifest", [])):
-        return ExitCode.RACE
-    if control and not any(run["races"] for run in runs if not run["barrier"]):
-        return ExitCode.INCONCLUSIVE
-    return ExitCode.CLEAN
+    """`engine.version_verdict`: the control is the run with the barrier off; a confirmed wrong read
+    (`--manifest`) is a race."""
+    manifested = any(m["manifested"] for m in result.get("manifest", []))
+    return engine.version_verdict(result, control, lambda run: not run["barrier"], manifested)
 
 
 def overall_exit(results: list[dict[str, Any]], control: bool) -> ExitCode:
-    codes = [version_verdict(result, control) for result in results]
-    for code in (ExitCode.USAGE, ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
-        if code in codes:
-            return code
-    return ExitCode.CLEAN
+    return engine.overall_exit(version_verdict(result, control) for result in results)
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -430,7 +402,6 @@ def format_result(result: dict[str, Any]) -> str:
     barrier = [run for run in runs if run["barrier"]]
     controls = [run for run in runs if not run["barrier"]]
     races = [race for run in barrier for race in run["races"]]
-    caught = sum(1 for run in controls if run["races"])
     functions = set().union(*(set(run["sglang_functions"]) for run in runs))
     specs = sorted({run.get("spec", "none") for run in runs} - {"none"})
     plan = any(run.get("plan_stream") for run in runs)
@@ -456,12 +427,7 @@ def format_result(result: dict[str, Any]) -> str:
             if key in seen:
                 continue
             seen.add(key)
-            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
-            for end in ("first", "second"):
-                access = race[end]
-                lines.append(f"    {end:6}: {access['kernel']} on {access['stream']}  {access['source']}")
-                for chain in access.get("called_from", [])[:2]:
-                    lines.append(f"            called from {chain}")
+            lines += engine.race_lines(race, byte_names=3, called_from=2)
     else:
         lines.append("  clean: no happens-before race with the WAR barrier as the version has it")
     latent = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("latent", ())}
@@ -471,9 +437,7 @@ def format_result(result: dict[str, Any]) -> str:
             "later allocation in the loop reuses (a corruption once sglang allocates on that stream again)"
         )
         for race in latent.values():
-            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
-            for end in ("first", "second"):
-                lines.append(f"    {end:6}: {race[end]['kernel']} on {race[end]['stream']}  {race[end]['source']}")
+            lines += engine.race_lines(race, byte_names=3)
     freed = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("freed_in_use", ())}
     if freed:  # harness.freed_in_use: a free nothing orders after a use, its block's reuse ordered: said once
         lines.append(
@@ -492,13 +456,8 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"  stream/event calls from sglang's code (fences as the version has them; {steps} steps):")
         lines += [f"    {count:4d}  {site}" for site, count in counts.items()]
     if controls:
-        total = sum(len(run["races"]) for run in controls)
-        verdict = "caught" if caught else "NOT caught (inconclusive)"
         switch = result.get("control_switch", "SGLANG_ENABLE_WAR_BARRIER=0")
-        lines.append(
-            f"  control ({switch}, the barrier off): {verdict}: {total} race(s) in "
-            f"{caught} of {len(controls)} workload(s)"
-        )
+        lines.append(engine.control_line(f"{switch}, the barrier off", controls))
         if result.get("mixed_chunk") or any(lifetime_races(run) for run in controls):
             lines += lifetime_lines(controls, "in the control")
     lines += manifest_lines(result.get("manifest", []))

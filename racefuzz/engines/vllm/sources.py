@@ -15,8 +15,6 @@ vLLM or torch.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from racefuzz.engines.sources import EngineSources, SourcesUnavailable
@@ -43,16 +41,13 @@ unpack_wheel = VLLM.unpack_wheel
 unpack = VLLM.unpack
 
 
-def imported_by_harness(python_dir: Path, *, python: str = sys.executable, timeout: float = 900.0) -> list[str]:
+def imported_by_harness(python_dir: Path, *, timeout: float = 900.0) -> list[str]:
     """The files of `python_dir`'s vLLM that the harness imports on the CPU (the fixed workload, with its
     control), relative to `python_dir`: the harness subprocess's `--list-imports`."""
-    import json
+    from racefuzz.engines.harness_process import run_json_process
 
-    command = [python, "-m", "racefuzz.engines.vllm.harness", "--python-dir", str(python_dir), "--list-imports"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", VLLM_LOGGING_LEVEL="ERROR")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result = json.loads(lines[-1]) if lines else {"status": "error", "error": f"the harness exited {done.returncode}"}
+    result = run_json_process("racefuzz.engines.vllm.harness", python_dir, ["--list-imports"], timeout=timeout, env=env)
     if result.get("status") != "ok":
         raise SourcesUnavailable(f"pack: the harness failed on {python_dir}: {result.get('error')}")
     return list(result["imported"])
