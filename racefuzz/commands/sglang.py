@@ -157,12 +157,9 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument(f"--manifest must be 0 to 10000, got {args.manifest}")
     if args.jobs < 1 or args.jobs > MAX_JOBS:
         raise InvalidArgument(f"--jobs must be 1 to {MAX_JOBS}, got {args.jobs}")
-    from racefuzz.engines.sglang.gpu import NoGpu, resolve_device
+    from racefuzz.engines.device_choice import resolve_device
 
-    try:
-        device = resolve_device(getattr(args, "device", "cpu"))
-    except NoGpu as exc:
-        raise InvalidArgument(str(exc)) from None
+    device = resolve_device(getattr(args, "device", "cpu"))  # NoGpu: one line, exit 2
     if args.manifest is not None and device != "cuda":
         raise InvalidArgument("--manifest needs --device cuda: on the CPU a delay cannot reorder anything")
     spec = getattr(args, "spec", "none")

@@ -29,6 +29,7 @@ from typing import Any
 
 from racefuzz.commands import engine
 from racefuzz.commands.engine import fetch_action, pack_action
+from racefuzz.engines.device_choice import resolve_device
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
@@ -162,21 +163,6 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
 
     collect()
     return drawn[:count]
-
-
-def resolve_device(device: str) -> str:
-    """`cpu` / `cuda` as asked (`cuda` without a CUDA device is an `InvalidArgument`); `auto`: `cuda` if
-    torch sees one, else `cpu`."""
-    if device == "cpu":
-        return device
-    import torch
-
-    available = bool(torch.cuda.is_available())
-    if device == "auto":
-        return "cuda" if available else "cpu"
-    if not available:
-        raise InvalidArgument("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
-    return device
 
 
 def run_harness(

@@ -30,7 +30,8 @@ def run_runner(
 ) -> dict[str, Any]:
     """The harness's result for a source tree or a fetched version on `device` (`cpu`, `cuda`, `auto`;
     see `racefuzz vllm`)."""
-    from racefuzz.commands.vllm import resolve_device, run_harness, workloads_for
+    from racefuzz.commands.vllm import run_harness, workloads_for
+    from racefuzz.engines.device_choice import resolve_device
     from racefuzz.engines.vllm import sources
 
     path = sources.locate(version=version, source=source)
