@@ -10,7 +10,8 @@
 # It unpacks the archives into a fresh cache, runs every carried version (barrier and control, the fixed
 # workload), writes the JSON, the log and each failed version's traceback under $OUT, then runs
 # tests/cuda/test_sglang_harness_gpu.py on that JSON (no second harness run). Exits with racefuzz
-# sglang's code (1: a race in some version, as 0.5.15 has; 5: the harness failed on a version).
+# sglang's code (1: a race in some version, as 0.5.15 has; 5: the harness failed on a version). What it
+# shares with ci/vllm_gpu.sh is in ci/engine_gpu.sh, which it sources.
 #   DEVICE=cpu ci/sglang_gpu.sh     the same on the CPU (a dry run of the script itself)
 #   VERSIONS="0.5.16 0.5.23"        only these of the carried versions
 #   ARGS="--workload drawn --examples 2000 --jobs 12"   more arguments to racefuzz sglang (then the checks,
@@ -32,18 +33,9 @@ WHEELS=${WHEELS:-$CARRY/whl}
 SITE=${SITE:-/tmp/racefuzz-sglang-site}
 export RACEFUZZ_SGLANG_CACHE=${RACEFUZZ_SGLANG_CACHE:-/tmp/racefuzz-sglang-cache}
 mkdir -p "$OUT" "$SITE" "$RACEFUZZ_SGLANG_CACHE"
+source ci/engine_gpu.sh
 
-# The carried wheels, into a directory of their own (no pip network: --no-index; without pip, a wheel is a
-# zip of its files).
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
-    else
-        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
-    fi
-fi
-# The source tree first (an editable install needs its build backend, offline), then the wheels.
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+install_carried_wheels
 export PYTHONWARNINGS=ignore
 "$PYTHON" -c "import msgspec, psutil, dill, regex, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
     || { echo "ci/sglang_gpu.sh: msgspec, psutil, dill or regex missing (carry them in $WHEELS)" >&2; exit 2; }
@@ -51,11 +43,7 @@ export PYTHONWARNINGS=ignore
 # not in racefuzz/engines/sglang/stubs.py's STUBBED: stubbed where absent (each checked on the CPU with all
 # of them stubbed: 0.5.14, 0.5.15, 0.5.16, 0.5.23 give the same verdicts). regex must be real (0.5.23
 # compiles patterns from it at import): it is carried.
-absent=$("$PYTHON" -c "
-import importlib.util, sys
-names = sys.argv[1].split(',')
-print(','.join(n for n in names if importlib.util.find_spec(n) is None))
-" IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3)
+absent=$(absent_of IPython,PIL,requests,yaml,tqdm,pydantic,pydantic_core,annotated_types,typing_inspection,certifi,charset_normalizer,idna,urllib3)
 # transformers and its hub, tokenizers and safetensors are stubbed even where installed, as the CPU CI
 # (which installs none of them) has them: a host's newer transformers already registers model configs that
 # sglang 0.5.14-0.5.16 register again at import ("'qwen3_asr' is already used by a Transformers config"),
@@ -65,34 +53,14 @@ export RACEFUZZ_SGLANG_STUB="${RACEFUZZ_SGLANG_STUB:+$RACEFUZZ_SGLANG_STUB,}tran
 echo "stubbed where absent: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
 
-versions=()
-for archive in "$CARRY"/sglang-*.tar.gz; do
-    [ -e "$archive" ] || { echo "ci/sglang_gpu.sh: no $CARRY/sglang-X.tar.gz archives" >&2; exit 2; }
-    version=$(basename "$archive" .tar.gz)
-    version=${version#sglang-}
-    if [ -n "${VERSIONS:-}" ] && [[ " $VERSIONS " != *" $version "* ]]; then continue; fi
-    "$PYTHON" -m racefuzz sglang fetch --version "$version" --archive "$archive" || exit 2
-    versions+=("$version")
-done
-IFS=$'\n' versions=($(printf '%s\n' "${versions[@]}" | sort -V)); unset IFS
-args=()
-for version in "${versions[@]}"; do args+=(--version "$version"); done
-
-echo "racefuzz sglang --device $DEVICE ${args[*]} ${extra[*]}"
-start=$(date +%s)
-"$PYTHON" -m racefuzz sglang --device "$DEVICE" "${args[@]}" "${extra[@]}" --timeout "${TIMEOUT:-240}" \
-    --json "$OUT/$NAME.json" 2>&1 | tee "$OUT/$NAME.log"
-rc=${PIPESTATUS[0]}
-echo "racefuzz sglang exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME.log"
+unpack_carried sglang
+run_engine sglang "${TIMEOUT:-240}" --device "$DEVICE" "${version_args[@]}" "${extra[@]}"
 
 # A version the harness failed on: its traceback (the harness subprocess with --traceback).
 if [ -f "$OUT/$NAME.json" ]; then
     failed=$("$PYTHON" -c "import json,sys; print(' '.join(r['version'] if r.get('version') not in (None, 'unknown') else r['label'] for r in json.load(open(sys.argv[1])) if r.get('status') == 'error'))" "$OUT/$NAME.json")
     for version in $failed; do
-        timeout "${TIMEOUT:-240}" "$PYTHON" -m racefuzz.engines.sglang.harness --python-dir "$RACEFUZZ_SGLANG_CACHE/$version/python" \
-            --device "$DEVICE" --sglang-version "$version" --traceback >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
-        "$PYTHON" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(r.get('traceback') or r.get('error'))" \
-            "$OUT/traceback-$version.json" || tail -20 "$OUT/traceback-$version.stderr"
+        print_traceback sglang "$RACEFUZZ_SGLANG_CACHE" "$version" "${TIMEOUT:-240}" --device "$DEVICE" --sglang-version "$version"
     done
 fi
 
@@ -115,23 +83,7 @@ if [ -n "${ARGS:-}" ]; then
     exit "$rc"
 fi
 # The GPU test's checks on this run's JSON, without pytest (its cuda marker skips where CuPy is missing).
-"$PYTHON" - "$OUT/$NAME.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/checks.log"
-import json, runpy, sys
-checks = runpy.run_path("tests/cuda/test_sglang_harness_gpu.py")
-results = {r.get("version"): r for r in json.load(open(sys.argv[1]))}
-for version, check in (("0.5.15", "check_0_5_15"), ("0.5.23", "check_0_5_23")):
-    if version in results:
-        try:
-            checks[check](results[version], device=sys.argv[2])
-            print(f"{check}: passed")
-        except AssertionError as exc:
-            print(f"{check}: FAILED: {exc}")
-EOF
-
-# The GPU test's expectations on this run's JSON (on the CPU they are the CUDA test's, which skips there).
-if [ "$DEVICE" = cuda ]; then
-    RACEFUZZ_SGLANG_GPU_JSON="$OUT/$NAME.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
-        tests/cuda/test_sglang_harness_gpu.py -rs 2>&1 | tee "$OUT/pytest.log"
-    echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/pytest.log"
-fi
+run_checks tests/cuda/test_sglang_harness_gpu.py version "$OUT/checks.log" 0.5.15:check_0_5_15 0.5.23:check_0_5_23
+# The GPU test's expectations on this run's JSON, on a GPU (on the CPU they are the CUDA test's, which skips).
+run_gpu_pytest RACEFUZZ_SGLANG_GPU_JSON tests/cuda/test_sglang_harness_gpu.py "$OUT/pytest.log"
 exit "$rc"

@@ -13,7 +13,8 @@
 # It unpacks the archives into a fresh cache, runs every carried version (prepare_inputs_event as the version
 # has it, and its control: the event's synchronize a no-op; the fixed workload), writes the JSON and the log
 # under $OUT, then runs tests/cuda/test_vllm_harness_gpu.py's checks on that JSON (no second harness run).
-# Exits with racefuzz vllm's code (1: a race in some version, as 0.10.2 has; 5: the harness failed).
+# Exits with racefuzz vllm's code (1: a race in some version, as 0.10.2 has; 5: the harness failed). What it
+# shares with ci/sglang_gpu.sh is in ci/engine_gpu.sh, which it sources.
 #   DEVICE=cpu ci/vllm_gpu.sh     the same on the CPU (a dry run of the script itself)
 #   STUB_ALL=1                    stub every light package below even where installed (a dry run as bare as
 #                                 the GPU host)
@@ -35,18 +36,9 @@ WHEELS=${WHEELS:-$CARRY/vllm-whl}
 SITE=${SITE:-/tmp/racefuzz-vllm-site}
 export RACEFUZZ_VLLM_CACHE=${RACEFUZZ_VLLM_CACHE:-/tmp/racefuzz-vllm-cache}
 mkdir -p "$OUT" "$SITE" "$RACEFUZZ_VLLM_CACHE"
+source ci/engine_gpu.sh
 
-# The carried wheels, into a directory of their own (no pip network: --no-index; without pip, a wheel is a
-# zip of its files).
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
-    else
-        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
-    fi
-fi
-# The source tree first (an editable install needs its build backend, offline), then the wheels.
-export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+install_carried_wheels
 export PYTHONWARNINGS=ignore VLLM_LOGGING_LEVEL=ERROR
 "$PYTHON" -c "import pydantic, msgspec, psutil, cloudpickle, regex, packaging, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" \
     || { echo "ci/vllm_gpu.sh: pydantic, msgspec, psutil, cloudpickle, regex or packaging missing (carry them in $WHEELS)" >&2; exit 2; }
@@ -57,45 +49,21 @@ light=PIL,requests,yaml,tqdm,dill,boto3,botocore,s3transfer,jmespath,scipy,dateu
 if [ -n "${STUB_ALL:-}" ]; then
     absent=$light
 else
-    absent=$("$PYTHON" -c "
-import importlib.util, sys
-print(','.join(n for n in sys.argv[1].split(',') if importlib.util.find_spec(n) is None))
-" "$light")
+    absent=$(absent_of "$light")
 fi
 export RACEFUZZ_VLLM_STUB="${RACEFUZZ_VLLM_STUB:+$RACEFUZZ_VLLM_STUB,}$absent"
 echo "stubbed besides STUBBED: ${absent:-none}"
 if [ "$DEVICE" = cuda ]; then nvidia-smi -L || true; fi
 
-versions=()
-for archive in "$CARRY"/vllm-*.tar.gz; do
-    [ -e "$archive" ] || { echo "ci/vllm_gpu.sh: no $CARRY/vllm-X.tar.gz archives" >&2; exit 2; }
-    version=$(basename "$archive" .tar.gz)
-    version=${version#vllm-}
-    if [ -n "${VERSIONS:-}" ] && [[ " $VERSIONS " != *" $version "* ]]; then continue; fi
-    "$PYTHON" -m racefuzz vllm fetch --version "$version" --archive "$archive" || exit 2
-    versions+=("$version")
-done
-[ ${#versions[@]} -gt 0 ] || { echo "ci/vllm_gpu.sh: none of VERSIONS=$VERSIONS is carried" >&2; exit 2; }
-IFS=$'\n' versions=($(printf '%s\n' "${versions[@]}" | sort -V)); unset IFS
-args=()
-for version in "${versions[@]}"; do args+=(--version "$version"); done
-
-echo "racefuzz vllm --device $DEVICE --slot-mapping $SLOT_MAPPING ${args[*]} ${extra[*]}"
-start=$(date +%s)
-"$PYTHON" -m racefuzz vllm --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" "${args[@]}" "${extra[@]}" \
-    --timeout "${TIMEOUT:-300}" --json "$OUT/$NAME.json" 2>&1 | tee "$OUT/$NAME.log"
-rc=${PIPESTATUS[0]}
-echo "racefuzz vllm exit $rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME.log"
+unpack_carried vllm
+run_engine vllm "${TIMEOUT:-300}" --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" "${version_args[@]}" "${extra[@]}"
 
 # A version the harness failed on: its traceback (the harness subprocess with --traceback).
 if [ -f "$OUT/$NAME.json" ]; then
     failed=$("$PYTHON" -c "import json,sys; print(' '.join(r.get('label') or '' for r in json.load(open(sys.argv[1])) if r.get('status') != 'ok'))" "$OUT/$NAME.json")
     for version in $failed; do
-        timeout "${TIMEOUT:-300}" "$PYTHON" -m racefuzz.engines.vllm.harness --python-dir "$RACEFUZZ_VLLM_CACHE/$version/python" \
-            --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" --vllm-version "$version" --no-control --traceback \
-            >"$OUT/traceback-$version.json" 2>"$OUT/traceback-$version.stderr"
-        "$PYTHON" -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(r.get('traceback') or r.get('error'))" \
-            "$OUT/traceback-$version.json" || tail -20 "$OUT/traceback-$version.stderr"
+        print_traceback vllm "$RACEFUZZ_VLLM_CACHE" "$version" "${TIMEOUT:-300}" \
+            --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" --vllm-version "$version" --no-control
     done
 fi
 
@@ -104,22 +72,6 @@ if [ -n "${ARGS:-}" ]; then
     exit "$rc"
 fi
 # The GPU test's checks on this run's JSON, without pytest (as the CUDA test runs them).
-"$PYTHON" - "$OUT/$NAME.json" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/$NAME.checks.log"
-import json, runpy, sys
-checks = runpy.run_path("tests/cuda/test_vllm_harness_gpu.py")
-results = {r.get("label"): r for r in json.load(open(sys.argv[1]))}
-for version, check in (("0.10.2", "check_0_10_2"), ("0.33.0", "check_0_33_0")):
-    if version in results:
-        try:
-            checks[check](results[version], device=sys.argv[2])
-            print(f"{check}: passed")
-        except AssertionError as exc:
-            print(f"{check}: FAILED: {exc}")
-EOF
-
-if [ "$DEVICE" = cuda ]; then
-    RACEFUZZ_VLLM_GPU_JSON="$OUT/$NAME.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
-        tests/cuda/test_vllm_harness_gpu.py -rs 2>&1 | tee "$OUT/$NAME.pytest.log"
-    echo "pytest exit ${PIPESTATUS[0]}" | tee -a "$OUT/$NAME.pytest.log"
-fi
+run_checks tests/cuda/test_vllm_harness_gpu.py label "$OUT/$NAME.checks.log" 0.10.2:check_0_10_2 0.33.0:check_0_33_0
+run_gpu_pytest RACEFUZZ_VLLM_GPU_JSON tests/cuda/test_vllm_harness_gpu.py "$OUT/$NAME.pytest.log"
 exit "$rc"

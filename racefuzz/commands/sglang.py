@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racefuzz.commands import engine
+from racefuzz.commands.engine import fetch_action, pack_action
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
@@ -143,9 +144,9 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     for version in args.versions:
         sources.check_version(version)
     if args.action == "fetch":
-        return _fetch(args)
+        return fetch_action(args, sources.SGLANG)
     if args.action == "pack":
-        return _pack(args)
+        return pack_action(args, sources.SGLANG, sources.pack)
     if not args.versions and args.source is None:
         raise InvalidArgument("racefuzz sglang needs --version X (repeatable) or --source DIR")
     if args.examples < 1 or args.examples > 10_000:
@@ -156,12 +157,9 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument(f"--manifest must be 0 to 10000, got {args.manifest}")
     if args.jobs < 1 or args.jobs > MAX_JOBS:
         raise InvalidArgument(f"--jobs must be 1 to {MAX_JOBS}, got {args.jobs}")
-    from racefuzz.engines.sglang.gpu import NoGpu, resolve_device
+    from racefuzz.engines.device_choice import resolve_device
 
-    try:
-        device = resolve_device(getattr(args, "device", "cpu"))
-    except NoGpu as exc:
-        raise InvalidArgument(str(exc)) from None
+    device = resolve_device(getattr(args, "device", "cpu"))  # NoGpu: one line, exit 2
     if args.manifest is not None and device != "cuda":
         raise InvalidArgument("--manifest needs --device cuda: on the CPU a delay cannot reorder anything")
     spec = getattr(args, "spec", "none")
@@ -184,13 +182,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         getattr(args, "attention", "flashinfer"),
         getattr(args, "radix_cache", True),
     )
-    targets: list[tuple[str, Path, str | None]] = []
-    if args.source is not None:
-        targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
-    for version in args.versions:
-        targets.append((version, sources.locate(version=version), version))
     results = []
-    for label, python_dir, version_hint in targets:
+    for label, python_dir, version_hint in engine.targets(args, sources.locate, args.sglang_version):
         result = run_harness_jobs(
             python_dir,
             workloads,
@@ -207,32 +200,8 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         results.append(result)
         print(format_result(result))
         sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    engine.write_results(results, args.json)
     return overall_exit(results, args.control)
-
-
-def _fetch(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.engines.sglang import sources
-
-    if len(args.versions) != 1 and args.archive is not None:
-        raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
-    if not args.versions:
-        raise InvalidArgument("racefuzz sglang fetch needs --version X (repeatable)")
-    for version in args.versions:
-        path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
-        print(f"sglang {version}: {path}")
-    return ExitCode.CLEAN
-
-
-def _pack(args: argparse.Namespace) -> ExitCode:
-    from racefuzz.engines.sglang import sources
-
-    if args.out is None or (len(args.versions) != 1 and args.source is None):
-        raise InvalidArgument("racefuzz sglang pack needs one --version X (or --source DIR) and --out FILE.tar.gz")
-    out = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
-    print(f"{out}: {out.stat().st_size / 1e6:.1f} MB")
-    return ExitCode.CLEAN
 
 
 def workloads_for(
@@ -343,17 +312,17 @@ def run_harness(
     manifest: int | None = None,
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
-    command = [sys.executable, "-m", "racefuzz.engines.sglang.harness", "--python-dir", str(python_dir)]
-    command.append("--workloads-stdin")  # on stdin: 10,000 workloads are past the command line's limit
+    options = ["--workloads-stdin"]  # on stdin: 10,000 workloads are past the command line's limit
     if not control:
-        command.append("--no-control")
-    command += ["--read-done", read_done]
+        options.append("--no-control")
+    options += ["--read-done", read_done]
     if version:
-        command += ["--sglang-version", version]
+        options += ["--sglang-version", version]
     if device != "cpu":
-        command += ["--device", device]
+        options += ["--device", device]
     if manifest is not None:
-        command += ["--manifest", str(manifest)]
+        options += ["--manifest", str(manifest)]
+    from racefuzz.engines.harness_process import run_json_process
     from racefuzz.engines.sglang import bytecode
 
     env = bytecode.subprocess_env(dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0"))
@@ -362,21 +331,9 @@ def run_harness(
         # take the GPU's paths (0.5.16's `_war_barrier_enabled = is_cuda() or ...` ignores the control's
         # SGLANG_ENABLE_WAR_BARRIER=0: the control was not caught on an H200 host's CPU).
         env["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        done = subprocess.run(
-            command, input=json.dumps(workloads), capture_output=True, text=True, timeout=timeout, env=env
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {
-            "status": "error",
-            "error": f"the harness exited {done.returncode}: {tail}",
-            "python_dir": str(python_dir),
-        }
-    return json.loads(lines[-1])
+    return run_json_process(
+        "racefuzz.engines.sglang.harness", python_dir, options, timeout=timeout, env=env, stdin=json.dumps(workloads)
+    )
 
 
 def run_harness_jobs(
@@ -424,24 +381,14 @@ def run_harness_jobs(
 
 
 def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
-    if result.get("status") == "unsupported":
-        return ExitCode.USAGE
-    if result.get("status") != "ok":
-        return ExitCode.INTERNAL
-    runs = result["runs"]
-    if any(run["races"] for run in runs if run["barrier"]) or any(m["manifested"] for m in result.get("manifest", [])):
-        return ExitCode.RACE
-    if control and not any(run["races"] for run in runs if not run["barrier"]):
-        return ExitCode.INCONCLUSIVE
-    return ExitCode.CLEAN
+    """`engine.version_verdict`: the control is the run with the barrier off; a confirmed wrong read
+    (`--manifest`) is a race."""
+    manifested = any(m["manifested"] for m in result.get("manifest", []))
+    return engine.version_verdict(result, control, lambda run: not run["barrier"], manifested)
 
 
 def overall_exit(results: list[dict[str, Any]], control: bool) -> ExitCode:
-    codes = [version_verdict(result, control) for result in results]
-    for code in (ExitCode.USAGE, ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
-        if code in codes:
-            return code
-    return ExitCode.CLEAN
+    return engine.overall_exit(version_verdict(result, control) for result in results)
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -452,7 +399,6 @@ def format_result(result: dict[str, Any]) -> str:
     barrier = [run for run in runs if run["barrier"]]
     controls = [run for run in runs if not run["barrier"]]
     races = [race for run in barrier for race in run["races"]]
-    caught = sum(1 for run in controls if run["races"])
     functions = set().union(*(set(run["sglang_functions"]) for run in runs))
     specs = sorted({run.get("spec", "none") for run in runs} - {"none"})
     plan = any(run.get("plan_stream") for run in runs)
@@ -478,12 +424,7 @@ def format_result(result: dict[str, Any]) -> str:
             if key in seen:
                 continue
             seen.add(key)
-            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
-            for end in ("first", "second"):
-                access = race[end]
-                lines.append(f"    {end:6}: {access['kernel']} on {access['stream']}  {access['source']}")
-                for chain in access.get("called_from", [])[:2]:
-                    lines.append(f"            called from {chain}")
+            lines += engine.race_lines(race, byte_names=3, called_from=2)
     else:
         lines.append("  clean: no happens-before race with the WAR barrier as the version has it")
     latent = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("latent", ())}
@@ -493,9 +434,7 @@ def format_result(result: dict[str, Any]) -> str:
             "later allocation in the loop reuses (a corruption once sglang allocates on that stream again)"
         )
         for race in latent.values():
-            lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:3])}: {race['missing_edge']}")
-            for end in ("first", "second"):
-                lines.append(f"    {end:6}: {race[end]['kernel']} on {race[end]['stream']}  {race[end]['source']}")
+            lines += engine.race_lines(race, byte_names=3)
     freed = {(r["first"]["source"], r["second"]["source"]): r for run in barrier for r in run.get("freed_in_use", ())}
     if freed:  # harness.freed_in_use: a free nothing orders after a use, its block's reuse ordered: said once
         lines.append(
@@ -514,13 +453,8 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(f"  stream/event calls from sglang's code (fences as the version has them; {steps} steps):")
         lines += [f"    {count:4d}  {site}" for site, count in counts.items()]
     if controls:
-        total = sum(len(run["races"]) for run in controls)
-        verdict = "caught" if caught else "NOT caught (inconclusive)"
         switch = result.get("control_switch", "SGLANG_ENABLE_WAR_BARRIER=0")
-        lines.append(
-            f"  control ({switch}, the barrier off): {verdict}: {total} race(s) in "
-            f"{caught} of {len(controls)} workload(s)"
-        )
+        lines.append(engine.control_line(f"{switch}, the barrier off", controls))
         if result.get("mixed_chunk") or any(lifetime_races(run) for run in controls):
             lines += lifetime_lines(controls, "in the control")
     lines += manifest_lines(result.get("manifest", []))

@@ -22,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from racefuzz.commands import engine
+from racefuzz.commands.engine import fetch_action, pack_action
+from racefuzz.engines.device_choice import resolve_device
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 
@@ -91,22 +93,9 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
     for version in args.versions:
         sources.check_version(version)
     if args.action == "fetch":
-        if not args.versions:
-            raise InvalidArgument("racefuzz vllm fetch needs --version X (repeatable)")
-        if args.archive is not None and len(args.versions) != 1:
-            raise InvalidArgument("fetch --archive needs exactly one --version (the archive's)")
-        if args.archive is not None and not args.archive.is_file():
-            raise InvalidArgument(f"fetch --archive: no file {args.archive}")
-        for version in args.versions:
-            path = sources.unpack(args.archive, version) if args.archive is not None else sources.fetch(version)
-            print(f"vllm {version}: {path}")
-        return ExitCode.CLEAN
+        return fetch_action(args, sources.VLLM)
     if args.action == "pack":
-        if args.out is None or (len(args.versions) != 1) == (args.source is None):
-            raise InvalidArgument("racefuzz vllm pack needs one --version X or --source DIR, and --out FILE.tar.gz")
-        out, count, size = sources.pack(args.versions[0] if args.versions else None, args.out, args.source)
-        print(f"{out}: {count} files, {size / 1e6:.1f} MB of .py, {out.stat().st_size / 1e6:.1f} MB archived")
-        return ExitCode.CLEAN
+        return pack_action(args, sources.VLLM, sources.pack)
     device = resolve_device(args.device)
     if args.slot_mapping == "vllm" and device != "cuda":
         raise InvalidArgument("--slot-mapping vllm needs --device cuda (Triton does not run on the CPU)")
@@ -115,13 +104,8 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
     if args.examples < 1 or args.examples > 10_000:
         raise InvalidArgument(f"--examples must be 1 to 10000, got {args.examples}")
     workloads = workloads_for(args.workload, args.examples, args.seed)
-    targets: list[tuple[str, Path, str | None]] = []
-    if args.source is not None:
-        targets.append((f"source {args.source}", sources.locate(source=args.source), args.vllm_version))
-    for version in args.versions:
-        targets.append((version, sources.locate(version=version), version))
     results = []
-    for label, python_dir, version_hint in targets:
+    for label, python_dir, version_hint in engine.targets(args, sources.locate, args.vllm_version):
         result = run_harness(
             python_dir, workloads, args.control, version_hint, args.timeout, device, args.slot_mapping, args.uva_ring
         )
@@ -133,8 +117,7 @@ def vllm_command(args: argparse.Namespace) -> ExitCode:
                 f"  replay: racefuzz replay {path}  (racefuzz vllm --version {result.get('version')} --workload {path})"
             )
         sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    engine.write_results(results, args.json)
     return overall_exit(results, args.control)
 
 
@@ -182,21 +165,6 @@ def draw_workloads(count: int, seed: int) -> list[Any]:
     return drawn[:count]
 
 
-def resolve_device(device: str) -> str:
-    """`cpu` / `cuda` as asked (`cuda` without a CUDA device is an `InvalidArgument`); `auto`: `cuda` if
-    torch sees one, else `cpu`."""
-    if device == "cpu":
-        return device
-    import torch
-
-    available = bool(torch.cuda.is_available())
-    if device == "auto":
-        return "cuda" if available else "cpu"
-    if not available:
-        raise InvalidArgument("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
-    return device
-
-
 def run_harness(
     python_dir: Path,
     workloads: list[dict[str, Any]],
@@ -209,28 +177,17 @@ def run_harness(
 ) -> dict[str, Any]:
     """One version's harness subprocess (`racefuzz.engines.vllm.harness`) on `device` -> its JSON result
     (`uva_ring`: with model-runner v2's ring, `racefuzz.engines.vllm.uva_ring`)."""
-    command = [sys.executable, "-m", "racefuzz.engines.vllm.harness", "--python-dir", str(python_dir)]
-    command += ["--device", device, "--slot-mapping", slot_mapping] + (["--uva-ring"] if uva_ring else [])
+    from racefuzz.engines.harness_process import run_json_process
+
+    options = ["--device", device, "--slot-mapping", slot_mapping] + (["--uva-ring"] if uva_ring else [])
     for workload in workloads:
-        command += ["--workload", json.dumps(workload)]
+        options += ["--workload", json.dumps(workload)]
     if not control:
-        command.append("--no-control")
+        options.append("--no-control")
     if version:
-        command += ["--vllm-version", version]
+        options += ["--vllm-version", version]
     env = dict(os.environ, PYTHONWARNINGS="ignore", VLLM_LOGGING_LEVEL="ERROR")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"the harness ran past {timeout:.0f} s", "python_dir": str(python_dir)}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {
-            "status": "error",
-            "error": f"the harness exited {done.returncode}: {tail}",
-            "python_dir": str(python_dir),
-        }
-    return json.loads(lines[-1])
+    return run_json_process("racefuzz.engines.vllm.harness", python_dir, options, timeout=timeout, env=env)
 
 
 REPLAY_KIND = "vllm"
@@ -238,19 +195,10 @@ REPLAY_KIND = "vllm"
 
 def replay_json(result: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """The replay file of a racy run: the project's replay format (`kind` vllm) around the workload's own
-    JSON (`Workload.from_json` reads its fields and ignores the others), the version (and for a checkout its
-    `source` directory) and the first race."""
-    from racefuzz.report import FORMAT, FORMAT_VERSION
-
-    data = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "kind": REPLAY_KIND,
-        "vllm_version": result.get("version"),
-        "device": result.get("device", "cpu"),
-        **run["workload_json"],
-        "race": run["races"][0],
-    }
+    JSON (`engine.replay_document`), the version (and for a checkout its `source` directory) and the first
+    race."""
+    head = {"vllm_version": result.get("version"), "device": result.get("device", "cpu")}
+    data = engine.replay_document(REPLAY_KIND, head, run["workload_json"], {"race": run["races"][0]})
     if str(result.get("label", "")).startswith("source "):
         data["source"] = str(Path(result["python_dir"]).resolve())
     return data
@@ -265,33 +213,21 @@ def write_replays(result: dict[str, Any], report_dir: Path) -> list[Path]:
         return []
     paths = []
     for run in (r for r in result["runs"] if not r["control"] and r["races"]):
-        report_dir.mkdir(parents=True, exist_ok=True)
         data = replay_json(result, run)
         digest = hashlib.sha1(json.dumps(run["workload_json"], sort_keys=True).encode()).hexdigest()[:8]
         where = "source-" if "source" in data else ""
-        path = report_dir / f"vllm-{where}{result.get('version')}-{run['races'][0]['kind']}-{digest}.json"
-        path.write_text(json.dumps(data, indent=1) + "\n")
-        paths.append(path)
+        name = f"vllm-{where}{result.get('version')}-{run['races'][0]['kind']}-{digest}.json"
+        paths.append(engine.write_replay(report_dir, name, data))
     return paths
 
 
 def version_verdict(result: dict[str, Any], control: bool) -> ExitCode:
-    if result.get("status") != "ok":
-        return ExitCode.INTERNAL
-    runs = result["runs"]
-    if any(run["races"] for run in runs if not run["control"]):
-        return ExitCode.RACE
-    if control and not any(run["races"] for run in runs if run["control"]):
-        return ExitCode.INCONCLUSIVE
-    return ExitCode.CLEAN
+    """`engine.version_verdict`: the control is the run marked `control` (the runner's events no-ops)."""
+    return engine.version_verdict(result, control, lambda run: run["control"])
 
 
 def overall_exit(results: list[dict[str, Any]], control: bool) -> ExitCode:
-    codes = [version_verdict(result, control) for result in results]
-    for code in (ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
-        if code in codes:
-            return code
-    return ExitCode.CLEAN
+    return engine.overall_exit(version_verdict(result, control) for result in results)
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -316,14 +252,9 @@ def format_result(result: dict[str, Any]) -> str:
     else:
         lines.append("  clean: no happens-before race with the runner's events as the version has them")
     if controls:
-        caught = sum(1 for run in controls if run["races"])
-        total = sum(len(run["races"]) for run in controls)
-        verdict = "caught" if caught else "NOT caught (inconclusive)"
         events = sorted({e for run in controls for e in run.get("control_events", ["prepare_inputs_event"])})
-        lines.append(
-            f"  control (async scheduling, {', '.join(e + '.synchronize' for e in events)} a no-op): {verdict}: "
-            f"{total} race(s) in {caught} of {len(controls)} workload(s)"
-        )
+        condition = f"async scheduling, {', '.join(e + '.synchronize' for e in events)} a no-op"
+        lines.append(engine.control_line(condition, controls))
         lines += _race_lines([race for run in controls for race in run["races"]], limit=2)
     ring = result.get("uva_ring")
     if isinstance(ring, str):
@@ -347,8 +278,5 @@ def _race_lines(races: list[dict[str, Any]], limit: int = 6) -> list[str]:
         if len(seen) > limit:
             lines.append(f"  ... {len(races)} in all")
             break
-        lines.append(f"  {race['kind']} on {', '.join(race['bytes'][:2])}: {race['missing_edge']}")
-        for end in ("first", "second"):
-            access = race[end]
-            lines.append(f"    {end:6}: {access['kernel']} on {access['stream']}  {access['source']}")
+        lines += engine.race_lines(race, byte_names=2)
     return lines

@@ -202,7 +202,8 @@ def test_pack_and_unpack_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tree / sources.MARKER).write_text("# scheduler\n")
     (tree / "sglang/srt/managers/data.bin").write_bytes(b"\0" * 100)  # not a .py file: left out
     assert sources.locate(source=tree.parent) == tree.resolve()
-    archive = sources.pack(None, tmp_path / "s.tar.gz", source=tree)
+    archive, count, _size = sources.pack(None, tmp_path / "s.tar.gz", source=tree)
+    assert count == 1  # the one .py file
     with tarfile.open(archive) as packed:
         names = packed.getnames()
     assert "python/sglang/srt/managers/scheduler.py" in names
@@ -251,6 +252,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert done.returncode == ExitCode.USAGE, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_missing_or_unreadable_archive_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """As `racefuzz vllm fetch --archive` (one mechanism: `racefuzz.commands.engine.fetch_action`)."""
+    unreadable = tmp_path / "not-a.tar.gz"
+    unreadable.write_text("not a tar file\n")
+    for archive, message in ((tmp_path / "absent.tar.gz", "no file"), (unreadable, "not a readable .tar.gz")):
+        done = _cli("fetch", "--version", "0.5.99", "--archive", str(archive), env={sources.CACHE_ENV: str(tmp_path)})
+        assert done.returncode == ExitCode.USAGE, done.stderr
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_verdicts_map_to_exit_codes() -> None:

@@ -39,18 +39,11 @@ def run_loop(
 
 def assert_loop_race_free(source: str | Path | None = None, version: str | None = None, **options: Any) -> dict:
     """`run_loop`, then RaceFound / Inconclusive / RuntimeError as `racefuzz sglang` would exit 1 / 3 / 5."""
+    from racefuzz.commands.engine import raise_for_verdict
     from racefuzz.commands.sglang import format_result, version_verdict
-    from racefuzz.errors import Inconclusive, RaceFound
-    from racefuzz.exitcodes import ExitCode
 
     result = run_loop(source, version, **options)
-    verdict = version_verdict(result, control=True)
-    if verdict == ExitCode.RACE:
-        raise RaceFound(format_result(result))
-    if verdict == ExitCode.INCONCLUSIVE:
-        raise Inconclusive(format_result(result))
-    if verdict != ExitCode.CLEAN:
-        raise RuntimeError(format_result(result))
+    raise_for_verdict(version_verdict(result, control=True), format_result(result))
     return result
 
 

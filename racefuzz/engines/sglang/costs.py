@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         out["workload"] = workload.describe()
         out["stubbed"] = stubs.install() if args.device == "cpu" else stubs.install(force=())
         if args.device == "cuda":
-            from racefuzz.engines.sglang.gpu import resolve_device
+            from racefuzz.engines.device_choice import resolve_device
 
             resolve_device("cuda")
         adapter = load_version(args.python_dir, args.sglang_version, out)

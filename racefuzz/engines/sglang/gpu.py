@@ -32,38 +32,12 @@ from typing import Any
 
 from racefuzz.engines.sglang.device import assigned_name
 
-DEVICES = ("cpu", "cuda", "auto")
-
 KV_INDICES_MODULES = (
     "sglang.kernels.ops.attention.kv_indices",  # 0.5.23
     "sglang.kernels.ops.kvcache.kv_indices",  # 0.5.16
     "sglang.srt.layers.attention.triton_ops.kv_indices",  # 0.5.14, 0.5.15
 )
 """Where `create_flashinfer_kv_indices_triton` lives, newest first (it moved between versions)."""
-
-
-class NoGpu(RuntimeError):
-    """`--device cuda` on a machine where torch sees no CUDA device (one line)."""
-
-
-def resolve_device(device: str) -> str:
-    """`cpu` / `cuda` as asked; `auto`: `cuda` if torch sees a CUDA device, else `cpu`. `cuda` without one
-    is `NoGpu`."""
-    if device == "cpu":
-        return "cpu"
-    try:
-        import torch
-
-        available = bool(torch.cuda.is_available())
-    except ImportError:
-        available = False
-    if device == "auto":
-        return "cuda" if available else "cpu"
-    if device == "cuda" and not available:
-        raise NoGpu("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
-    if device != "cuda":
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    return device
 
 
 class CudaDeviceModule:

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         out["stubbed"] = stubs.install() if args.device == "cpu" else stubs.install(force=())
         out["device"] = args.device
         if args.device == "cuda":
-            from racefuzz.engines.sglang.gpu import resolve_device
+            from racefuzz.engines.device_choice import resolve_device
 
             resolve_device("cuda")  # NoGpu in one line if torch sees none
             out["control_switch"] = "_apply_war_barrier's flag off (is_cuda() is True)"

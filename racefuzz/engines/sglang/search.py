@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -211,36 +210,28 @@ def run_search(
     timeout: float = 900.0,
 ) -> dict[str, Any]:
     """One version's search subprocess (`main`) -> its JSON result."""
-    command = [sys.executable, "-m", "racefuzz.engines.sglang.search", "--python-dir", str(python_dir)]
-    command += ["--examples", str(examples), "--seed", str(seed), "--read-done", read_done, "--spec", spec]
-    command += ["--shrink-runs", str(shrink_runs), "--shrink-seconds", str(shrink_seconds), "--attention", attention]
-    command += ["--max-output", str(max_output)]
+    options = ["--examples", str(examples), "--seed", str(seed), "--read-done", read_done, "--spec", spec]
+    options += ["--shrink-runs", str(shrink_runs), "--shrink-seconds", str(shrink_seconds), "--attention", attention]
+    options += ["--max-output", str(max_output)]
     if database is not None:
-        command += ["--database", database]
+        options += ["--database", database]
     if plan_stream:
-        command.append("--plan-stream")
+        options.append("--plan-stream")
     if not radix_cache:
-        command.append("--no-radix-cache")
+        options.append("--no-radix-cache")
     if not control:
-        command.append("--no-control")
+        options.append("--no-control")
     if version:
-        command += ["--sglang-version", version]
+        options += ["--sglang-version", version]
     # As the harness's CPU runs: the same on every host (sglang's is_cuda() False; commands/sglang.py).
+    from racefuzz.engines.harness_process import run_json_process
     from racefuzz.engines.sglang import bytecode
 
     env = bytecode.subprocess_env(
         dict(os.environ, PYTHONWARNINGS="ignore", TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
     )
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "error": f"the search ran past {timeout:.0f} s", "python_dir": str(python_dir)}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        error = f"the search exited {done.returncode}: {tail}"
-        return {"status": "error", "error": error, "python_dir": str(python_dir)}
-    return json.loads(lines[-1])
+    module = "racefuzz.engines.sglang.search"
+    return run_json_process(module, python_dir, options, timeout=timeout, env=env, what="the search")
 
 
 def search_verdict(result: dict[str, Any], control: bool) -> ExitCode:
@@ -313,33 +304,26 @@ def format_search(result: dict[str, Any], replay: Path | None = None) -> str:
 def replay_json(result: dict[str, Any]) -> dict[str, Any]:
     """The replay file of a racy search: the project's replay format (`kind` sglang) around the shrunk
     workload's own JSON, so `racefuzz sglang --workload FILE` reads it as the workload it is
-    (`Workload.from_json` reads its fields and ignores the others)."""
-    from racefuzz.report import FORMAT, FORMAT_VERSION
+    (`engine.replay_document`)."""
+    from racefuzz.commands import engine
 
     found = result["search"]
-    return {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        "kind": REPLAY_KIND,
-        "sglang_version": result.get("version"),
-        "read_done": result.get("read_done"),
-        **found["workload"],
-        "race": found.get("race"),
-        "drawn": found.get("drawn"),
-    }
+    head = {"sglang_version": result.get("version"), "read_done": result.get("read_done")}
+    tail = {"race": found.get("race"), "drawn": found.get("drawn")}
+    return engine.replay_document(REPLAY_KIND, head, found["workload"], tail)
 
 
 def write_replay(result: dict[str, Any], report_dir: Path) -> Path:
-    report_dir.mkdir(parents=True, exist_ok=True)
+    from racefuzz.commands import engine
+
     found = result["search"]
     name = f"sglang-{result.get('version')}-{found['race_key'][0]}-{len(found['workload']['requests'])}req.json"
-    path = report_dir / name
-    path.write_text(json.dumps(replay_json(result), indent=1) + "\n")
-    return path
+    return engine.write_replay(report_dir, name, replay_json(result))
 
 
 def search_command(args: argparse.Namespace, device: str) -> ExitCode:
     """`racefuzz sglang --workload search`: one search subprocess per target (version or source)."""
+    from racefuzz.commands import engine
     from racefuzz.commands.run import example_database
     from racefuzz.engines.sglang import sources
 
@@ -355,13 +339,8 @@ def search_command(args: argparse.Namespace, device: str) -> ExitCode:
     database = getattr(args, "database", None)
     example_database(database)  # a bad --database is one line here, not the subprocess's error
     report_dir = Path(getattr(args, "report_dir", None) or ".racefuzz")
-    targets: list[tuple[str, Path, str | None]] = []
-    if args.source is not None:
-        targets.append((f"source {args.source}", sources.locate(source=args.source), args.sglang_version))
-    for version in args.versions:
-        targets.append((version, sources.locate(version=version), version))
     results = []
-    for label, python_dir, version_hint in targets:
+    for label, python_dir, version_hint in engine.targets(args, sources.locate, args.sglang_version):
         result = run_search(
             python_dir,
             examples=args.examples,
@@ -386,13 +365,8 @@ def search_command(args: argparse.Namespace, device: str) -> ExitCode:
         results.append(result)
         print(format_search(result, replay))
         sys.stdout.flush()
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    codes = [search_verdict(result, args.control) for result in results]
-    for code in (ExitCode.USAGE, ExitCode.INTERNAL, ExitCode.RACE, ExitCode.INCONCLUSIVE):
-        if code in codes:
-            return code
-    return ExitCode.CLEAN
+    engine.write_results(results, args.json)
+    return engine.overall_exit(search_verdict(result, args.control) for result in results)
 
 
 if __name__ == "__main__":

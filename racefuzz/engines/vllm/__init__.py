@@ -30,7 +30,8 @@ def run_runner(
 ) -> dict[str, Any]:
     """The harness's result for a source tree or a fetched version on `device` (`cpu`, `cuda`, `auto`;
     see `racefuzz vllm`)."""
-    from racefuzz.commands.vllm import resolve_device, run_harness, workloads_for
+    from racefuzz.commands.vllm import run_harness, workloads_for
+    from racefuzz.engines.device_choice import resolve_device
     from racefuzz.engines.vllm import sources
 
     path = sources.locate(version=version, source=source)
@@ -39,18 +40,11 @@ def run_runner(
 
 def assert_runner_race_free(source: str | Path | None = None, version: str | None = None, **options: Any) -> dict:
     """`run_runner`, then RaceFound / Inconclusive / RuntimeError as `racefuzz vllm` would exit 1 / 3 / 5."""
+    from racefuzz.commands.engine import raise_for_verdict
     from racefuzz.commands.vllm import format_result, version_verdict
-    from racefuzz.errors import Inconclusive, RaceFound
-    from racefuzz.exitcodes import ExitCode
 
     result = run_runner(source, version, **options)
-    verdict = version_verdict(result, control=True)
-    if verdict == ExitCode.RACE:
-        raise RaceFound(format_result(result))
-    if verdict == ExitCode.INCONCLUSIVE:
-        raise Inconclusive(format_result(result))
-    if verdict != ExitCode.CLEAN:
-        raise RuntimeError(format_result(result))
+    raise_for_verdict(version_verdict(result, control=True), format_result(result))
     return result
 
 

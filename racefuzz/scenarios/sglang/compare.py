@@ -19,7 +19,6 @@ a step, and the GPU then idles while the host prepares the launch.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -32,8 +31,9 @@ from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
-from racefuzz.oracle import find_corruptions, masked_conflict
+from racefuzz.oracle import masked_conflict
 from racefuzz.program import Program
+from racefuzz.scenarios import comparison
 from racefuzz.scenarios.sglang.costs import Costs, measure
 from racefuzz.scenarios.sglang.loop import build_program
 from racefuzz.scenarios.sglang.strategies import check_hazards, decode_workload
@@ -76,10 +76,6 @@ def _steady(
     }
 
 
-def _race_key(race) -> str:
-    return f"{race.kind} {race.first.kernel} ({race.first.stream}) -> {race.second.kernel} ({race.second.stream})"
-
-
 def compare(
     designs: list[Design],
     *,
@@ -97,9 +93,7 @@ def compare(
     allowed = check_hazards(hazards)
     rng = random.Random(seed)
     run = executor(backend)
-    per_design: dict[str, dict[str, object]] = {
-        d.name: {"unordered": 0, "masked_only": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
-    }
+    per_design = {d.name: comparison.new_row("masked_only") for d in designs}
     pair_keys: list[dict[str, set[tuple[object, ...]]]] = []
     masked_keys: list[set[tuple[object, ...]]] = []  # per workload: the races (any design) on masked columns only
     extents: list[str] = []
@@ -117,17 +111,9 @@ def compare(
             races = find_races(program)
             keys[design.name] = {race.across_designs for race in races}
             masked.update(race.across_designs for race in races if masked_conflict(race))
-            row["unordered"] += bool(races)  # type: ignore[operator]
-            row["masked_only"] += bool(races) and all(masked_conflict(race) for race in races)  # type: ignore[operator]
-            kinds = row["race_kinds"]
-            assert isinstance(kinds, dict)
-            for race in races:
-                kinds[_race_key(race)] = kinds.get(_race_key(race), 0) + 1
-            execution = run(program, decode_schedule(delays, program))
-            row["corrupted"] += bool(find_corruptions(program, execution.observations))  # type: ignore[operator]
-            costs = row["costs"]
-            assert isinstance(costs, list)
-            costs.append(measure(program, _timed_run(program, backend), workload.iterations))
+            row["masked_only"] += bool(races) and all(masked_conflict(race) for race in races)
+            comparison.tally(row, program, races, run(program, decode_schedule(delays, program)))
+            row["costs"].append(measure(program, _timed_run(program, backend), workload.iterations))
         pair_keys.append(keys)
         masked_keys.append(masked)
         extents.append(workload.read_extent)
@@ -157,12 +143,9 @@ def compare(
     summary = {}
     for design in designs:
         row = per_design[design.name]
-        costs: list[Costs] = row.pop("costs")  # type: ignore[assignment]
+        costs: list[Costs] = row.pop("costs")
         iterations = sum(c.iterations for c in costs)
-        blocked_on: dict[str, float] = {}
-        for c in costs:
-            for what, us in c.blocked_on.items():
-                blocked_on[what] = blocked_on.get(what, 0.0) + us
+        blocked_on = comparison.blocked_on(costs)
         summary[design.name] = {
             **row,
             "spec": design.spec,
@@ -216,9 +199,7 @@ def render(result: dict[str, object]) -> str:
         "masked only: every unordered pair touches masked columns only -- loaded, not used: an ordering "
         "conflict, no corruption)"
     )
-    for name, row in designs.items():
-        parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_iteration_on"].items())
-        lines.append(f"  {name} host blocked per iteration on: {parts or 'nothing'}")
+    lines += comparison.blocked_lines(designs, "host_blocked_us_per_iteration_on", "iteration")
     for key, title in (
         (
             "steady_decode",
@@ -247,9 +228,7 @@ def render(result: dict[str, object]) -> str:
             f"workloads where {a} has a race that {b} does not: {count} (by read extent: {split}; "
             f"in {masked_only} of them every such race is on masked columns only)"
         )
-    for name, row in designs.items():
-        for kind, count in sorted(row["race_kinds"].items(), key=lambda kv: -kv[1])[:4]:
-            lines.append(f"  {name}: {kind}  ({count} races)")
+    lines += comparison.race_kind_lines(designs)
     return "\n".join(lines)
 
 
@@ -308,9 +287,7 @@ def compare_command(designs: list[Design], backend: str, args: argparse.Namespac
         prep_us=args.prep_us,
     )
     print(render(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    comparison.write_json(result, args.json)
     if args.plot is not None:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         if plot(result, designs, backend, args.plot) is None:

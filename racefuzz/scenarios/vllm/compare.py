@@ -13,7 +13,6 @@ sglang's and do not apply.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from dataclasses import replace
 
@@ -22,16 +21,12 @@ from racefuzz.designs import Design
 from racefuzz.errors import InvalidArgument
 from racefuzz.exitcodes import ExitCode
 from racefuzz.hb import find_races
-from racefuzz.oracle import find_corruptions
+from racefuzz.scenarios import comparison
 from racefuzz.scenarios.vllm.costs import Costs, measure
 from racefuzz.scenarios.vllm.loop import EngineLoop
 from racefuzz.scenarios.vllm.strategies import HAZARDS, OPT_IN_HAZARDS, decode_workload
 from racefuzz.schedulers.random import decode_schedule
 from racefuzz.sim import simulate
-
-
-def _race_key(race) -> str:
-    return f"{race.kind} {race.first.kernel} ({race.first.stream}) -> {race.second.kernel} ({race.second.stream})"
 
 
 def compare(
@@ -50,9 +45,7 @@ def compare(
     if unknown:
         raise InvalidArgument(f"unknown hazard(s) {unknown}")
     rng = random.Random(seed)
-    rows: dict[str, dict[str, object]] = {
-        d.name: {"unordered": 0, "corrupted": 0, "race_kinds": {}, "costs": []} for d in designs
-    }
+    rows = {d.name: comparison.new_row() for d in designs}
     for _ in range(workloads):
         workload = decode_workload(rng.randbytes(rng.randint(9, 34)), hazards=allowed)
         workload = replace(workload, forward_cost_us=forward_us, host_work_us=host_us)
@@ -61,26 +54,15 @@ def compare(
             row = rows[design.name]
             loop = EngineLoop(workload, design.hooks)
             program = loop.build()
-            races = find_races(program)
-            row["unordered"] += bool(races)  # type: ignore[operator]
-            kinds = row["race_kinds"]
-            assert isinstance(kinds, dict)
-            for race in races:
-                kinds[_race_key(race)] = kinds.get(_race_key(race), 0) + 1
-            execution = simulate(program, decode_schedule(delays, program), record_timeline=False)
-            row["corrupted"] += bool(find_corruptions(program, execution.observations))  # type: ignore[operator]
-            costs = row["costs"]
-            assert isinstance(costs, list)
-            costs.append(measure(loop, program, simulate(program)))
+            delayed = simulate(program, decode_schedule(delays, program), record_timeline=False)
+            comparison.tally(row, program, find_races(program), delayed)
+            row["costs"].append(measure(loop, program, simulate(program)))
     summary = {}
     for design in designs:
         row = rows[design.name]
-        costs: list[Costs] = row.pop("costs")  # type: ignore[assignment]
+        costs: list[Costs] = row.pop("costs")
         steps = sum(c.steps for c in costs)
-        blocked_on: dict[str, float] = {}
-        for c in costs:
-            for what, us in c.blocked_on.items():
-                blocked_on[what] = blocked_on.get(what, 0.0) + us
+        blocked_on = comparison.blocked_on(costs)
         summary[design.name] = {
             **row,
             "spec": design.spec,
@@ -127,12 +109,8 @@ def render(result: dict[str, object]) -> str:
         "drawn delays; deferred blocks: blocks whose return the deferral held back; admission wait: steps "
         "requests waited for blocks after arriving, summed)"
     )
-    for name, row in designs.items():
-        parts = ", ".join(f"{what} {us:.1f} us" for what, us in row["host_blocked_us_per_step_on"].items())
-        lines.append(f"  {name} host blocked per step on: {parts or 'nothing'}")
-    for name, row in designs.items():
-        for kind, count in sorted(row["race_kinds"].items(), key=lambda kv: -kv[1])[:4]:
-            lines.append(f"  {name}: {kind}  ({count} races)")
+    lines += comparison.blocked_lines(designs, "host_blocked_us_per_step_on", "step")
+    lines += comparison.race_kind_lines(designs)
     return "\n".join(lines)
 
 
@@ -153,7 +131,5 @@ def compare_command(designs: list[Design], backend: str, args: argparse.Namespac
         host_us=args.host_us,
     )
     print(render(result))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    comparison.write_json(result, args.json)
     return ExitCode.CLEAN
