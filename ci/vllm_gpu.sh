@@ -13,11 +13,17 @@
 # It unpacks the archives into a fresh cache, runs every carried version (prepare_inputs_event as the version
 # has it, and its control: the event's synchronize a no-op; the fixed workload), writes the JSON and the log
 # under $OUT, then runs tests/cuda/test_vllm_harness_gpu.py's checks on that JSON (no second harness run).
-# Exits with racefuzz vllm's code (1: a race in some version, as 0.10.2 has; 5: the harness failed).
+# Then the speculative-decoding workloads (--workload spec, --workload spec-condense: docs/vllm.md) on the
+# carried versions from 0.17.0 on (EAGLE under async scheduling), each with its own JSON and log, and their
+# 0.33.0 checks (spec clean beside its control; spec-condense racing only on the accepted counts against
+# condense, #51571).
+# Exits with the fixed workload's racefuzz vllm code (1: a race in some version, as 0.10.2 has; 5: the
+# harness failed), or a spec run's code where that is neither 0 nor 1.
 #   DEVICE=cpu ci/vllm_gpu.sh     the same on the CPU (a dry run of the script itself)
 #   STUB_ALL=1                    stub every light package below even where installed (a dry run as bare as
 #                                 the GPU host)
 #   VERSIONS="0.33.0"             only these of the carried versions
+#   SPEC=0                        skip the speculative-decoding workloads
 #   SLOT_MAPPING=vllm             the version's own Triton slot-mapping kernel (GPU; default torch)
 #   ARGS="--workload drawn --examples 50"   more arguments to racefuzz vllm (then the checks, written for
 #                                 the fixed workload, are skipped); NAME names the outputs
@@ -116,6 +122,42 @@ for version, check in (("0.10.2", "check_0_10_2"), ("0.33.0", "check_0_33_0")):
         except AssertionError as exc:
             print(f"{check}: FAILED: {exc}")
 EOF
+
+if [ "${SPEC:-1}" != 0 ]; then
+    spec_args=()
+    for version in "${versions[@]}"; do
+        if [ "$(printf '%s\n' 0.17.0 "$version" | sort -V | head -1)" = 0.17.0 ]; then spec_args+=(--version "$version"); fi
+    done
+    if [ ${#spec_args[@]} -eq 0 ]; then
+        echo "speculative decoding skipped: no carried version from 0.17.0 on" | tee "$OUT/$NAME-spec.checks.log"
+    fi
+    for workload in spec spec-condense; do
+        [ ${#spec_args[@]} -gt 0 ] || break
+        echo "racefuzz vllm --device $DEVICE --slot-mapping $SLOT_MAPPING ${spec_args[*]} --workload $workload"
+        start=$(date +%s)
+        "$PYTHON" -m racefuzz vllm --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" "${spec_args[@]}" \
+            --workload "$workload" --timeout "${TIMEOUT:-300}" --json "$OUT/$NAME-$workload.json" 2>&1 \
+            | tee "$OUT/$NAME-$workload.log"
+        spec_rc=${PIPESTATUS[0]}
+        echo "racefuzz vllm --workload $workload exit $spec_rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME-$workload.log"
+        if [ "$spec_rc" -ne 0 ] && [ "$spec_rc" -ne 1 ]; then rc=$spec_rc; fi
+    done
+    if [ ${#spec_args[@]} -gt 0 ]; then
+        "$PYTHON" - "$OUT/$NAME" "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/$NAME-spec.checks.log"
+import json, os, runpy, sys
+checks = runpy.run_path("tests/cuda/test_vllm_harness_gpu.py")
+for workload, check in (("spec", "check_spec_0_33_0"), ("spec-condense", "check_spec_condense_0_33_0")):
+    path = f"{sys.argv[1]}-{workload}.json"
+    results = {r.get("label"): r for r in json.load(open(path))} if os.path.exists(path) else {}
+    if "0.33.0" in results:
+        try:
+            checks[check](results["0.33.0"], device=sys.argv[2])
+            print(f"{check}: passed")
+        except AssertionError as exc:
+            print(f"{check}: FAILED: {exc}")
+EOF
+    fi
+fi
 
 if [ "$DEVICE" = cuda ]; then
     RACEFUZZ_VLLM_GPU_JSON="$OUT/$NAME.json" "$PYTHON" -m pytest -q -p no:randomly -p no:xdist \
