@@ -270,10 +270,13 @@ def fake_model(num_blocks: int, device: Any, multimodal: bool = False) -> Any:
         return FakeForCausalLM()
     from vllm.model_executor.models.interfaces import SupportsMultiModal
 
+    if not hasattr(SupportsMultiModal, "embed_input_ids"):
+        raise ValueError(
+            "multimodal: this version's SupportsMultiModal has no embed_input_ids (get_input_embeddings before "
+            "it); the multimodal workload drives 0.13.0 on"
+        )
+
     class FakeMultiModalLM(FakeForCausalLM):
-        supports_multimodal = True
-        supports_multimodal_raw_input_only = False
-        requires_raw_input_tokens = False  # 0.14.0's _preprocess reads it
         embed_input_ids = SupportsMultiModal.embed_input_ids
         _embed_text_input_ids = SupportsMultiModal._embed_text_input_ids
 
@@ -283,4 +286,9 @@ def fake_model(num_blocks: int, device: Any, multimodal: bool = False) -> Any:
         def embed_image(self, tokens: int) -> Any:
             return torch.full((tokens, HIDDEN), 0.5, device=device)
 
+    # The interface's flags at their defaults (supports_multimodal, requires_raw_input_tokens, 0.18's
+    # _has_oov_mm_tokens, ...): the runner and embed_input_ids read them.
+    for name, value in vars(SupportsMultiModal).items():
+        if isinstance(value, bool):
+            setattr(FakeMultiModalLM, name, value)
     return FakeMultiModalLM()
