@@ -55,6 +55,18 @@ def _is_mm_embed_races(races: list[dict], buffer: str) -> list[dict]:
     ]
 
 
+def test_the_multimodal_workload_round_trips_and_places_one_image_per_request() -> None:
+    """Its JSON (a replay file's) keeps `multimodal`; each request of 3 prompt tokens or more has one image
+    over all but its first and last token, shorter ones none (no vLLM needed)."""
+    from racefuzz.engines.vllm.workload import MULTIMODAL, Request, Workload, image_range
+
+    assert Workload.from_json(MULTIMODAL.to_json()) == MULTIMODAL
+    assert Workload.from_json({"requests": [["a", 0, 5, 1]]}).multimodal is False
+    assert [image_range(r) for r in MULTIMODAL.requests] == [(1, 10), (1, 7), (1, 8)]
+    assert image_range(Request("s", 0, 2, 1)) is None
+    assert "multimodal model (3 image(s))" in MULTIMODAL.describe()
+
+
 def test_is_mm_embed_races_on_0_13_0_and_is_ordered_on_0_14_0() -> None:
     """0.13.0: `_gather_mm_embeddings` zeroes `is_mm_embed.cpu` while the previous step's `copy_to_gpu` of it
     may still read it (the previous step's `prepare_inputs_event` was recorded before that copy); those are its
