@@ -19,9 +19,10 @@ PYTHON=${PYTHON:-python3}
 # The vLLM harness (tests/engines/test_vllm_harness.py, docs/vllm.md): vLLM 0.33.0's Python sources (the wheel
 # downloaded with --no-deps, only its .py files unpacked into ~/.cache/racefuzz/vllm/), and regex, which vLLM's
 # imports call at module level (msgspec and pydantic, installed above, too); the rest is stubbed
-# (racefuzz/engines/vllm/stubs.py).
+# (racefuzz/engines/vllm/stubs.py). 0.13.0 and 0.14.0: either side of #31841 / #31373
+# (tests/engines/test_vllm_multimodal.py).
 "$PYTHON" -m pip install --quiet --disable-pip-version-check regex
-"$PYTHON" -m racefuzz.cli vllm fetch --version 0.33.0
+"$PYTHON" -m racefuzz.cli vllm fetch --version 0.33.0 --version 0.13.0 --version 0.14.0
 
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .

@@ -13,12 +13,18 @@
 # It unpacks the archives into a fresh cache, runs every carried version (prepare_inputs_event as the version
 # has it, and its control: the event's synchronize a no-op; the fixed workload), writes the JSON and the log
 # under $OUT, then runs tests/cuda/test_vllm_harness_gpu.py's checks on that JSON (no second harness run).
-# Exits with racefuzz vllm's code (1: a race in some version, as 0.10.2 has; 5: the harness failed). What it
-# shares with ci/sglang_gpu.sh is in ci/engine_gpu.sh, which it sources.
+# Then the speculative-decoding workloads (--workload spec, --workload spec-condense: docs/vllm.md) on the
+# carried versions from 0.17.0 on (EAGLE under async scheduling), each with its own JSON and log, and their
+# 0.33.0 checks (spec clean beside its control; spec-condense racing only on the accepted counts against
+# condense, #51571).
+# Exits with the fixed workload's racefuzz vllm code (1: a race in some version, as 0.10.2 has; 5: the
+# harness failed), or a spec run's code where that is neither 0 nor 1. What it shares with
+# ci/sglang_gpu.sh is in ci/engine_gpu.sh, which it sources.
 #   DEVICE=cpu ci/vllm_gpu.sh     the same on the CPU (a dry run of the script itself)
 #   STUB_ALL=1                    stub every light package below even where installed (a dry run as bare as
 #                                 the GPU host)
 #   VERSIONS="0.33.0"             only these of the carried versions
+#   SPEC=0                        skip the speculative-decoding workloads
 #   SLOT_MAPPING=vllm             the version's own Triton slot-mapping kernel (GPU; default torch)
 #   ARGS="--workload drawn --examples 50"   more arguments to racefuzz vllm (then the checks, written for
 #                                 the fixed workload, are skipped); NAME names the outputs
@@ -73,5 +79,32 @@ if [ -n "${ARGS:-}" ]; then
 fi
 # The GPU test's checks on this run's JSON, without pytest (as the CUDA test runs them).
 run_checks tests/cuda/test_vllm_harness_gpu.py label "$OUT/$NAME.checks.log" 0.10.2:check_0_10_2 0.33.0:check_0_33_0
+
+if [ "${SPEC:-1}" != 0 ]; then
+    spec_args=()
+    for version in "${versions[@]}"; do
+        if [ "$(printf '%s\n' 0.17.0 "$version" | sort -V | head -1)" = 0.17.0 ]; then spec_args+=(--version "$version"); fi
+    done
+    if [ ${#spec_args[@]} -eq 0 ]; then
+        echo "speculative decoding skipped: no carried version from 0.17.0 on" | tee "$OUT/$NAME-spec.checks.log"
+    fi
+    for workload in spec spec-condense; do
+        [ ${#spec_args[@]} -gt 0 ] || break
+        echo "racefuzz vllm --device $DEVICE --slot-mapping $SLOT_MAPPING ${spec_args[*]} --workload $workload"
+        start=$(date +%s)
+        "$PYTHON" -m racefuzz vllm --device "$DEVICE" --slot-mapping "$SLOT_MAPPING" "${spec_args[@]}" \
+            --workload "$workload" --timeout "${TIMEOUT:-300}" --json "$OUT/$NAME-$workload.json" 2>&1 \
+            | tee "$OUT/$NAME-$workload.log"
+        spec_rc=${PIPESTATUS[0]}
+        echo "racefuzz vllm --workload $workload exit $spec_rc ($(($(date +%s) - start)) s)" | tee -a "$OUT/$NAME-$workload.log"
+        if [ "$spec_rc" -ne 0 ] && [ "$spec_rc" -ne 1 ]; then rc=$spec_rc; fi
+        if [ -f "$OUT/$NAME-$workload.json" ]; then  # run_checks reads $OUT/$NAME.json
+            check=check_${workload//-/_}_0_33_0
+            NAME="$NAME-$workload" run_checks tests/cuda/test_vllm_harness_gpu.py label \
+                "$OUT/$NAME-$workload.checks.log" "0.33.0:$check"
+        fi
+    done
+fi
+
 run_gpu_pytest RACEFUZZ_VLLM_GPU_JSON tests/cuda/test_vllm_harness_gpu.py "$OUT/$NAME.pytest.log"
 exit "$rc"

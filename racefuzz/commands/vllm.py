@@ -50,7 +50,8 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         default="fixed",
         help="fixed (3 requests, a preemption, async scheduling), spec (speculative decoding on a hybrid model, "
         "the batch unchanged: vLLM #36013), spec-condense (the same with a row moved by condense: #51571, "
-        "#53613), drawn (Hypothesis, --examples of them), or a JSON file of one workload (a replay file too)",
+        "#53613), multimodal (a multimodal model, an image per request: #31841), drawn (Hypothesis, --examples "
+        "of them), or a JSON file of one workload (a replay file too)",
     )
     parser.add_argument("--examples", type=int, default=10, help="with --workload drawn: how many (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="with --workload drawn: the draw's seed (default 0)")

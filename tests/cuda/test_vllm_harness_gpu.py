@@ -84,6 +84,42 @@ def check_0_33_0(result: dict[str, Any], device: str = "cuda") -> None:
     assert version_verdict(result, control=True) == ExitCode.CLEAN
 
 
+ACCEPTED = "input_batch.num_accepted_tokens_cpu_tensor"
+
+
+def check_spec_0_33_0(result: dict[str, Any], device: str = "cuda") -> None:
+    """`--workload spec` (#36013's setting) on 0.33.0: clean (no host read of the accepted counts under
+    async non-align), beside the control caught."""
+    from racefuzz.commands.vllm import version_verdict
+
+    _ran_on(result, device)
+    assert _races(result, control=False) == [], _races(result, control=False)[:2]
+    assert _races(result, control=True), "the negative control (the runner's input-prep events) was not caught"
+    assert version_verdict(result, control=True) == ExitCode.CLEAN
+
+
+def check_spec_condense_0_33_0(result: dict[str, Any], device: str = "cuda") -> None:
+    """`--workload spec-condense` (#51571 / #53613) on 0.33.0: `_update_states_after_model_execute`'s
+    non-blocking copy of the accepted counts against `InputBatch.condense`'s host access of them, and nothing
+    else."""
+    from racefuzz.commands.vllm import version_verdict
+
+    _ran_on(result, device)
+    races = _races(result, control=False)
+    assert races, "0.33.0 spec-condense ran clean: #51571's race was not found"
+    pairs = [
+        r
+        for r in races
+        if r["kind"] in ("RAW", "WAW")
+        and "(_update_states_after_model_execute)" in r["first"]["source"]
+        and "gpu_input_batch.py" in r["second"]["source"]
+        and "(condense)" in r["second"]["source"]
+        and any(b.startswith(ACCEPTED) for b in r["bytes"])
+    ]
+    assert pairs == races, f"races besides the accepted counts against condense: {races[:2]}"
+    assert version_verdict(result, control=True) == ExitCode.RACE
+
+
 def _result(version: str) -> dict[str, Any]:
     carried = os.environ.get(JSON_ENV)
     if carried:

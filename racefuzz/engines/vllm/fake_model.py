@@ -223,8 +223,12 @@ class FakeAttentionGroup:
         return block_table
 
 
-def fake_model(num_blocks: int, device: Any) -> Any:
-    """The fake model (a `torch.nn.Module`: vLLM's runner calls it and its `compute_logits`)."""
+def fake_model(num_blocks: int, device: Any, multimodal: bool = False) -> Any:
+    """The fake model (a `torch.nn.Module`: vLLM's runner calls it and its `compute_logits`). `multimodal`:
+    it also has what vLLM's runner calls on a multimodal model, `embed_input_ids` (vLLM's own
+    `SupportsMultiModal.embed_input_ids`: the text embeddings, then `_merge_multimodal_embeddings`'s
+    `masked_scatter_` of the image embeddings where `is_multimodal` is set, no host read), and
+    `embed_image`, the fake encoder's output (`runner.fake_encoder`)."""
     import torch
 
     class FakeForCausalLM(torch.nn.Module):
@@ -236,13 +240,16 @@ def fake_model(num_blocks: int, device: Any) -> Any:
             self.kv_cache = torch.zeros(num_blocks * BLOCK_SIZE, HIDDEN, device=device)
             self.forwards = 0
 
-        def forward(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        def forward(
+            self, input_ids: Any = None, positions: Any = None, inputs_embeds: Any = None, **kwargs: Any
+        ) -> Any:
             from vllm.forward_context import get_forward_context
 
             self.forwards += 1
             metadata = get_forward_context().attn_metadata[LAYER]
-            tokens = input_ids.shape[0]
-            hidden = self.embed[input_ids.long()] + positions[:tokens, None].float() * 1e-3  # embed
+            embeds = self.embed[input_ids.long()] if input_ids is not None else inputs_embeds  # embed
+            tokens = embeds.shape[0]
+            hidden = embeds + positions[:tokens, None].float() * 1e-3
             slots = metadata.slot_mapping[:tokens]
             self.kv_cache.index_put_((slots,), hidden)  # kv_write (reshape_and_cache)
             table = metadata.block_table_tensor[: metadata.num_reqs]
@@ -259,4 +266,29 @@ def fake_model(num_blocks: int, device: Any) -> Any:
         def compute_logits(self, hidden_states: Any, sampling_metadata: Any = None) -> Any:  # 0.10 passes two
             return hidden_states @ self.head
 
-    return FakeForCausalLM()
+    if not multimodal:
+        return FakeForCausalLM()
+    from vllm.model_executor.models.interfaces import SupportsMultiModal
+
+    if not hasattr(SupportsMultiModal, "embed_input_ids"):
+        raise ValueError(
+            "multimodal: this version's SupportsMultiModal has no embed_input_ids (get_input_embeddings before "
+            "it); the multimodal workload drives 0.13.0 on"
+        )
+
+    class FakeMultiModalLM(FakeForCausalLM):
+        embed_input_ids = SupportsMultiModal.embed_input_ids
+        _embed_text_input_ids = SupportsMultiModal._embed_text_input_ids
+
+        def get_language_model(self) -> Any:
+            return SimpleNamespace(embed_input_ids=lambda input_ids: self.embed[input_ids.long()])
+
+        def embed_image(self, tokens: int) -> Any:
+            return torch.full((tokens, HIDDEN), 0.5, device=device)
+
+    # The interface's flags at their defaults (supports_multimodal, requires_raw_input_tokens, 0.18's
+    # _has_oov_mm_tokens, ...): the runner and embed_input_ids read them.
+    for name, value in vars(SupportsMultiModal).items():
+        if isinstance(value, bool):
+            setattr(FakeMultiModalLM, name, value)
+    return FakeMultiModalLM()

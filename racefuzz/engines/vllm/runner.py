@@ -37,7 +37,7 @@ from racefuzz.engines.vllm.fake_model import (
     fake_vllm_config,
     kv_cache_config,
 )
-from racefuzz.engines.vllm.workload import Request, Workload
+from racefuzz.engines.vllm.workload import Request, Workload, image_range
 
 
 @dataclass
@@ -157,6 +157,8 @@ class FakeScheduler:
                 tracked.state = "finished"
                 self._release(tracked)
                 self.pending_finished.add(rid)
+        prefills = [c[0] for c in new_reqs] + [c[0] for c in cached if c[3]]
+        encoder_inputs = {rid: [0] for rid in prefills if self._image(rid)}  # each image is its request's input 0
         greedy = SamplingParams(temperature=0.0, max_tokens=64)
         sampled = SamplingParams(temperature=1.0, max_tokens=64)
         scheduled_new = [
@@ -164,7 +166,7 @@ class FakeScheduler:
                 NewRequestData,
                 req_id=rid,
                 prompt_token_ids=_prompt(self.tracked[rid].request),
-                mm_features=[],
+                mm_features=self._image(rid),
                 mm_inputs=[],
                 mm_kwargs=[],
                 mm_hashes=[],
@@ -195,7 +197,7 @@ class FakeScheduler:
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             scheduled_spec_decode_tokens=spec_tokens,
-            scheduled_encoder_inputs={},
+            scheduled_encoder_inputs=encoder_inputs,
             num_common_prefix_blocks=[0],
             finished_req_ids=finished,
             free_encoder_mm_hashes=[],
@@ -205,6 +207,41 @@ class FakeScheduler:
             preempted_req_ids=preempted,
             kv_connector_metadata=None,
         )
+
+    def _image(self, rid: str) -> list[Any]:
+        """`rid`'s multimodal features: vLLM's `MultiModalFeatureSpec` for its image (`workload.image_range`),
+        its data None (the fake encoder, `fake_encoder`, makes the embeddings), or none."""
+        placement = image_range(self.tracked[rid].request) if self.workload.multimodal else None
+        if placement is None:
+            return []
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+        offset, length = placement
+        return [
+            build(
+                MultiModalFeatureSpec,
+                data=None,
+                modality="image",
+                identifier=f"image-{rid}",
+                mm_hash=f"image-{rid}",
+                mm_position=PlaceholderRange(offset=offset, length=length),
+            )
+        ]
+
+
+def fake_encoder(runner: Any, scheduler_output: Any) -> list[Any]:
+    """What vLLM's `_execute_mm_encoder` does, with the fake model's encoder (`FakeForCausalLM.embed_image`,
+    a device op on the current stream) instead of `embed_multimodal` over the image's processed inputs: each
+    scheduled image's embeddings into `runner.encoder_cache` under its identifier, where vLLM's own
+    `_gather_mm_embeddings` looks them up."""
+    outputs = []
+    for rid, inputs in scheduler_output.scheduled_encoder_inputs.items():
+        for index in inputs:
+            feature = runner.requests[rid].mm_features[index]
+            output = runner.model.embed_image(feature.mm_position.length)
+            runner.encoder_cache[feature.identifier] = output
+            outputs.append(output)
+    return outputs
 
 
 def _all_tokens(tracked: _Tracked) -> list[int]:
@@ -526,6 +563,9 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
         def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any, *args: Any) -> Any:
             return propose_drafts(self, sampled_token_ids)
 
+        def _execute_mm_encoder(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            return fake_encoder(self, scheduler_output)
+
     if workload.spec_tokens:
         from vllm.v1.worker import gpu_model_runner
 
@@ -535,10 +575,11 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
                 "async scheduling came later)"
             )
         gpu_model_runner.EagleProposer = FakeDrafter  # what __init__ builds and the runner's isinstance checks name
-    runner = HarnessRunner(fake_vllm_config(workload.async_scheduling, workload.spec_tokens), device)
+    with multimodal_model(workload.multimodal):
+        runner = HarnessRunner(fake_vllm_config(workload.async_scheduling, workload.spec_tokens), device)
     runner.kv_cache_config = kv_cache_config(workload.num_blocks)
     runner.attn_groups = [[FakeAttentionGroup()]]
-    runner.model = fake_model(workload.num_blocks, device)
+    runner.model = fake_model(workload.num_blocks, device, workload.multimodal)
     watch_input_batch_numpy_writes(runner.input_batch)
     if workload.spec_tokens:
         runner.rejection_sampler = FakeRejectionSampler()
@@ -551,6 +592,28 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
             if getattr(runner, name, None) is not None:
                 setattr(runner, name, _NoSyncEvent(getattr(runner, name)))
     return runner
+
+
+@contextlib.contextmanager
+def multimodal_model(multimodal: bool) -> Iterator[None]:
+    """While `GPUModelRunner.__init__` runs: vLLM's multimodal registry says the fake model takes multimodal
+    inputs (`supports_multimodal_inputs`, which would build the model's HF processor info), so vLLM's own
+    `__init__` makes `is_mm_embed` (0.14.0: `is_mm_embed_buffers`) and `_preprocess` takes its multimodal
+    branch; `MultiModalBudget` (the encoder budget, read only by profiling and the dummy runs) is None."""
+    if not multimodal:
+        yield
+        return
+    from vllm.v1.worker import gpu_model_runner
+
+    registry = gpu_model_runner.MULTIMODAL_REGISTRY
+    budget = gpu_model_runner.MultiModalBudget
+    registry.supports_multimodal_inputs = lambda model_config: True
+    gpu_model_runner.MultiModalBudget = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        del registry.supports_multimodal_inputs  # the class's method again
+        gpu_model_runner.MultiModalBudget = budget
 
 
 CONTROL_EVENTS = ("prepare_inputs_event", "valid_sampled_token_count_event", "num_accepted_tokens_event")
@@ -594,6 +657,10 @@ def name_buffers(env: Any, runner: Any) -> None:
             if isinstance(value, CpuGpuBuffer):
                 env.name(value.cpu, f"{prefix}{name}.cpu")
                 env.name(value.gpu, f"{prefix}{name}.gpu")
+            elif isinstance(value, list) and value and all(isinstance(v, CpuGpuBuffer) for v in value):
+                for index, buffer in enumerate(value):  # 0.14.0's is_mm_embed_buffers
+                    env.name(buffer.cpu, f"{prefix}{name}[{index}].cpu")
+                    env.name(buffer.gpu, f"{prefix}{name}[{index}].gpu")
             elif isinstance(value, torch.Tensor) and value.numel():
                 env.name(value, f"{prefix}{name}")
 

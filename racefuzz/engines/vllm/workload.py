@@ -32,13 +32,16 @@ class Request:
 class Workload:
     """A request stream, the step budget, the KV blocks there are, async scheduling on or off, and the
     draft tokens a speculative decoder proposes per decode step (`spec_tokens`; 0: no speculative decoding;
-    more: a hybrid model with an EAGLE-kind drafter, `runner.FakeDrafter`)."""
+    more: a hybrid model with an EAGLE-kind drafter, `runner.FakeDrafter`), and whether the model is
+    multimodal (`multimodal`: vLLM's runner then embeds every step's tokens through its `_preprocess`
+    multimodal branch, and each request with a prompt of 3 tokens or more carries one image, `image_range`)."""
 
     requests: tuple[Request, ...]
     async_scheduling: bool = True
     max_steps: int = 40
     num_blocks: int = 12
     spec_tokens: int = 0
+    multimodal: bool = False
 
     def describe(self) -> str:
         parts = []
@@ -48,7 +51,9 @@ class Workload:
             parts.append(f"{r.rid}@{r.arrival}:{r.prompt_len}+{r.output_len}{preempt}{sampled}")
         mode = "async scheduling" if self.async_scheduling else "sync scheduling"
         spec = f", spec decode {self.spec_tokens} draft tokens (hybrid model)" if self.spec_tokens else ""
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.num_blocks} blocks, {mode}{spec}"
+        images = sum(image_range(r) is not None for r in self.requests)
+        mm = f", multimodal model ({images} image(s))" if self.multimodal else ""
+        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.num_blocks} blocks, {mode}{spec}{mm}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +62,7 @@ class Workload:
             "max_steps": self.max_steps,
             "num_blocks": self.num_blocks,
             "spec_tokens": self.spec_tokens,
+            "multimodal": self.multimodal,
         }
 
     @staticmethod
@@ -90,7 +96,16 @@ class Workload:
             int(data.get("max_steps", 40)),
             int(data.get("num_blocks", 12)),
             spec_tokens,
+            bool(data.get("multimodal", False)),
         )
+
+
+def image_range(request: Request) -> tuple[int, int] | None:
+    """The image placeholder of `request`'s prompt in a multimodal workload, as vLLM's `PlaceholderRange`
+    (offset, length): every token but the first and the last, for a prompt of 3 tokens or more."""
+    if request.prompt_len < 3:
+        return None
+    return 1, request.prompt_len - 2
 
 
 FIXED = Workload(
@@ -137,5 +152,18 @@ def workloads() -> Any:
     return build()
 
 
-NAMED = {"fixed": FIXED, "spec": SPEC_DECODE, "spec-condense": SPEC_DECODE_CONDENSE}
+MULTIMODAL = Workload(
+    (Request("a", 0, 12, 3), Request("b", 0, 9, 4, random=True), Request("c", 2, 10, 3)), multimodal=True
+)
+"""A multimodal model under async scheduling (vLLM #31841's setting): two prefills with an image each at step
+0, their decodes, a third request with an image arriving at step 2. Every step's `_gather_mm_embeddings`
+rewrites `is_mm_embed`'s host half and copies it to the device."""
+
+
+NAMED = {
+    "fixed": FIXED,
+    "spec": SPEC_DECODE,
+    "spec-condense": SPEC_DECODE_CONDENSE,
+    "multimodal": MULTIMODAL,
+}
 """The fixed workloads by their `racefuzz vllm --workload` names."""
