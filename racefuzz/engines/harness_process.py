@@ -2,7 +2,9 @@
 module run with `--python-dir DIR` and its options, its result the last JSON line it prints.
 
 A version runs in its own process because engines' modules clash across versions and a recording patches
-torch for the process's life. Nothing here imports an engine or torch.
+torch for the process's life. The result's `status` is `ok`, `error` (the harness failed: exit 5) or
+`unsupported` (the version lacks what the harness or the asked workload needs, `Unsupported`: exit 2).
+Nothing here imports an engine or torch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+
+class Unsupported(RuntimeError):
+    """This engine version lacks something the harness or the asked workload needs (the message names it,
+    in one line): the harness reports the status `unsupported`, a usage error, not a failure of its own."""
 
 
 def run_json_process(

@@ -97,3 +97,20 @@ def test_one_is_mm_embed_buffer_on_0_14_0_is_ordered_by_the_event(tmp_path: Path
     races, control = _run(sources.locate(source=tmp_path), "0.14.0")
     assert races == []
     assert _is_mm_embed_races(control, "is_mm_embed_buffers[0].cpu")
+
+
+def test_a_version_before_embed_input_ids_refuses_the_workload_in_one_line_exit_2() -> None:
+    """0.10.2's `SupportsMultiModal` has `get_input_embeddings`, not `embed_input_ids`: the harness cannot
+    drive the workload there, a usage error (exit 2, `unsupported`), not a failure of the harness (5)."""
+    import subprocess
+    import sys
+
+    _sources_or_skip("0.10.2")
+    done = subprocess.run(
+        [sys.executable, "-m", "racefuzz.cli", "vllm", "--version", "0.10.2", "--workload", "multimodal"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unsupported: multimodal: this version's SupportsMultiModal has no embed_input_ids" in done.stdout

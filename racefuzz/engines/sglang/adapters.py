@@ -18,14 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+from racefuzz.engines.harness_process import Unsupported
 from racefuzz.engines.sglang.workload import Request
 
 EMBED_WIDTH = 8
 """The width of a `Request.embeds` prompt's embedding rows (the fake model has no hidden size)."""
-
-
-class Unsupported(RuntimeError):
-    """This sglang version lacks something the harness needs (the message names it, in one line)."""
 
 
 def parse_version(text: str) -> tuple[int, ...]:

@@ -397,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"python_dir": args.python_dir, "device": args.device}
     began = time.perf_counter()
     try:
+        from racefuzz.engines.harness_process import Unsupported
         from racefuzz.engines.sglang import stubs
-        from racefuzz.engines.sglang.adapters import Unsupported
         from racefuzz.engines.sglang.harness import load_version
         from racefuzz.engines.sglang.workload import Workload
 

@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"python_dir": args.python_dir}
     began = time.perf_counter()
     try:
+        from racefuzz.engines.harness_process import Unsupported
         from racefuzz.engines.sglang import stubs
-        from racefuzz.engines.sglang.adapters import Unsupported
         from racefuzz.engines.sglang.workload import FIXED, Workload
 
         texts = [json.loads(text) for text in args.workload]

@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     try:
         from racefuzz.commands.run import example_database
+        from racefuzz.engines.harness_process import Unsupported
         from racefuzz.engines.sglang import stubs
-        from racefuzz.engines.sglang.adapters import Unsupported
         from racefuzz.engines.sglang.harness import load_version, run_version
         from racefuzz.search.corpus import WorkloadCorpus, workload_corpus_key
         from racefuzz.trace.search import fuzz

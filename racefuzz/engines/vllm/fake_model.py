@@ -271,7 +271,9 @@ def fake_model(num_blocks: int, device: Any, multimodal: bool = False) -> Any:
     from vllm.model_executor.models.interfaces import SupportsMultiModal
 
     if not hasattr(SupportsMultiModal, "embed_input_ids"):
-        raise ValueError(
+        from racefuzz.engines.harness_process import Unsupported
+
+        raise Unsupported(
             "multimodal: this version's SupportsMultiModal has no embed_input_ids (get_input_embeddings before "
             "it); the multimodal workload drives 0.13.0 on"
         )

@@ -29,6 +29,8 @@ import traceback
 from dataclasses import replace
 from typing import Any
 
+from racefuzz.engines.harness_process import Unsupported
+
 
 def _short(source: str) -> str:
     at = source.rfind(f"{os.sep}vllm{os.sep}")
@@ -196,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.list_imports:
             out["imported"] = imported_files(args.python_dir)
         out["status"] = "ok"
+    except Unsupported as exc:
+        out["status"] = "unsupported"
+        out["error"] = str(exc)
     except Exception as exc:  # reported as one line by the parent; the traceback with --traceback
         out["status"] = "error"
         out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
