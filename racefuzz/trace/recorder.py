@@ -2,18 +2,18 @@
 
 Frontends report to the active `Recorder`:
 
-* torch ops through `TraceMode`, a `TorchDispatchMode`: read and write sets from the op's schema
-  (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
-  are not accesses), the stream from the current stream; most ops (in-place, `out=`, fresh outputs from
-  tensor inputs) through the C++ fast path (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher,
-  before the op reaches the mode), which does what `launch_op` / `launch` do, and what `_storage`,
-  `allocated`, `_watch` and `on_free` do for its ops' new storages, fresh outputs and their frees, with this
-  recorder's own containers (`fast_state`), and hands anything unusual (a strided view's accesses, a
-  storage grown in place) back to its methods;
-* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.capture`): arguments and the
+* torch ops through `TraceMode`, a `TorchDispatchMode` (`racefuzz.trace.torch_mode`): read and write sets from
+  the op's schema (`racefuzz.trace.op_schemas`: `alias_info.is_write` for in-place and `out=` arguments, fresh
+  outputs written, views and allocations are not accesses), the stream from the current stream; most ops
+  (in-place, `out=`, fresh outputs from tensor inputs) through the C++ fast path
+  (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher, before the op reaches the mode), which does what
+  `launch_op` / `launch` do, and what `_storage`, `allocated`, `_watch` and `on_free` do for its ops' new
+  storages, fresh outputs and their frees, with this recorder's own containers (`fast_state`), and hands
+  anything unusual (a strided view's accesses, a storage grown in place) back to its methods;
+* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton_launches`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
-  `torch.cuda.synchronize` (GPU, `racefuzz.trace.capture._patch_cuda_api`) and the ops that sync the host
+  `torch.cuda.synchronize` (GPU, `racefuzz.trace.cuda_api`) and the ops that sync the host
   (`.item()`, blocking copies, `nonzero`, ...), or the virtual streams of `TraceEnv` (CPU);
 * allocations: a storage a torch op returns while recording (`allocated`) is watched (a weak reference
   with a callback) and its death is its free: a freed block is a new storage when reused, and the free
@@ -33,13 +33,12 @@ delay points are (stream, n-th launch on it) and value snapshots are keyed by or
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.trace import sources
 from racefuzz.trace.annotations import WHOLE, annotation
 from racefuzz.trace.indexing import Region
 from racefuzz.trace.intervals import Interval, merge, view_intervals
@@ -55,83 +54,11 @@ from racefuzz.trace.model import (
     TraceStreamSync,
     TraceWait,
 )
+from racefuzz.trace.sources import user_source
 
 SPIN_CYCLES_PER_US = 1980
 """`torch.cuda._sleep` counts SM clock cycles; at the H200's 1.98 GHz boost clock one microsecond is about
 this many (a slower clock makes the spin longer, which is harmless for a delay)."""
-
-_MACHINERY = frozenset(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    for name in (
-        "recorder.py",
-        "capture.py",
-        "env.py",
-        "annotations.py",
-        "search.py",
-        "torch_patches.py",
-        "host_memory.py",
-    )
-)
-_LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
-_IS_LIBRARY: dict[str, bool] = {}
-_SHOWN: dict[str, str] = {}
-_LIBRARY_CODE: dict[int, bool] = {}
-_SOURCES: dict[tuple[int, int], str] = {}
-_CODES: list[Any] = []
-"""`user_source`'s caches: whether a code object is the recorder's, torch's, Triton's or Hypothesis's, and
-the formatted `file:line (function)` of a (code object, bytecode offset): one source line is formatted once,
-not once per op (both bounded by the step's code, as its call sites are). Keyed by `id(code)`, not by the
-code object: a code object's hash is computed from its bytecode, constants and names at every lookup
-(microseconds for a long step function, several lookups an op); `_CODES` holds every code object the
-caches know, so that no other object can take its id."""
-
-
-def _is_library(filename: str) -> bool:
-    known = _IS_LIBRARY.get(filename)
-    if known is None:
-        known = filename in _MACHINERY or any(marker in filename for marker in _LIBRARY_MARKERS)
-        _IS_LIBRARY[filename] = known
-    return known
-
-
-def user_source(skip: int = 2) -> str:
-    """`file:line (function)` of the innermost frame outside the recorder, torch, Triton and Hypothesis."""
-    frame = sys._getframe(skip)
-    library = _LIBRARY_CODE
-    while frame is not None:
-        code = frame.f_code
-        known = library.get(id(code))
-        if known is None:
-            known = _code_is_library(code)
-        if not known:
-            source = _SOURCES.get((id(code), frame.f_lasti))
-            return _frame_source(frame) if source is None else source
-        frame = frame.f_back
-    return ""
-
-
-def _code_is_library(code: Any) -> bool:
-    """Whether `code` is the recorder's, torch's, Triton's or Hypothesis's (cached; the fast path calls it too)."""
-    _CODES.append(code)
-    known = _LIBRARY_CODE[id(code)] = _is_library(code.co_filename)
-    return known
-
-
-def _frame_source(frame: Any) -> str:
-    """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too,
-    as `user_source` does: for a code object `_code_is_library` has seen)."""
-    code = frame.f_code
-    source = _SOURCES[(id(code), frame.f_lasti)] = _format_source(code, frame.f_lineno)
-    return source
-
-
-def _format_source(code: Any, lineno: int) -> str:
-    filename = code.co_filename
-    shown = _SHOWN.get(filename)
-    if shown is None:
-        shown = _SHOWN[filename] = filename if filename.startswith("<") else os.path.relpath(filename)
-    return f"{shown}:{lineno} ({code.co_name})"
-
 
 _tuple_new = tuple.__new__
 """Makes a trace op or access (a NamedTuple) from all its fields without its Python `__new__` (the
@@ -805,6 +732,15 @@ class Recorder:
         return self.launch(kernel, kind, call, reads, writes)
 
 
+ACTIVE: list[Recorder] = []
+"""The recorders recording now, innermost last (`racefuzz.trace.capture.recording` pushes and pops them)."""
+
+
+def active() -> Recorder | None:
+    """The innermost recorder recording now, or None."""
+    return ACTIVE[-1] if ACTIVE else None
+
+
 def fast_constants() -> tuple[Any, ...]:
     """What the C++ fast path's `configure` takes (its `Constant` enum, in this order): the trace's types and
     `user_source`'s caches and helpers."""
@@ -812,10 +748,10 @@ def fast_constants() -> tuple[Any, ...]:
         TraceLaunch,
         Access,
         Storage,
-        _LIBRARY_CODE,
-        _SOURCES,
-        _code_is_library,
-        _frame_source,
+        sources.LIBRARY_CODE,
+        sources.SOURCES,
+        sources.code_is_library,
+        sources.frame_source,
         "torch",
         "free",
         "copy",

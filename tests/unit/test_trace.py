@@ -687,11 +687,11 @@ def test_the_recording_overhead_pairs_each_round_with_its_own_plain_run():
 
 
 def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(monkeypatch):
-    """`cuda_api_unpatched` restores what each patched owner had (deleting an attribute the patch added to a
+    """`cuda_api.unpatched` restores what each patched owner had (deleting an attribute the patch added to a
     subclass, so the base's method shows through) and re-installs the patches after, even on an error."""
     from types import SimpleNamespace
 
-    from racefuzz.trace import capture
+    from racefuzz.trace import cuda_api
 
     class Base:
         def record(self) -> str:
@@ -702,13 +702,13 @@ def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(m
             return "torch's wait"
 
     module = SimpleNamespace(synchronize=lambda: "torch's synchronize")
-    originals = [(Event, "record", capture._ABSENT), (Event, "wait", Event.__dict__["wait"])]
+    originals = [(Event, "record", cuda_api.ABSENT), (Event, "wait", Event.__dict__["wait"])]
     originals.append((module, "synchronize", module.synchronize))
-    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", originals)
+    monkeypatch.setattr(cuda_api, "ORIGINALS", originals)
     Event.record = lambda self: "patched record"
     Event.wait = lambda self: "patched wait"
     module.synchronize = lambda: "patched synchronize"
-    with capture.cuda_api_unpatched():
+    with cuda_api.unpatched():
         assert (Event().record(), Event().wait(), module.synchronize()) == (
             "torch's record",
             "torch's wait",
@@ -720,11 +720,11 @@ def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(m
         "patched wait",
         "patched synchronize",
     )
-    with pytest.raises(RuntimeError, match="the baseline failed"), capture.cuda_api_unpatched():
+    with pytest.raises(RuntimeError, match="the baseline failed"), cuda_api.unpatched():
         raise RuntimeError("the baseline failed")
     assert Event().record() == "patched record"
-    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", [])
-    with capture.cuda_api_unpatched():  # no patches installed: nothing to take out
+    monkeypatch.setattr(cuda_api, "ORIGINALS", [])
+    with cuda_api.unpatched():  # no patches installed: nothing to take out
         assert Event().record() == "patched record"
 
 
@@ -853,14 +853,18 @@ class _FakeCudaTensor:
         return self._pinned
 
 
-def test_where_the_host_waits_in_a_copy_between_host_and_gpu(monkeypatch):
-    from racefuzz.trace import capture
+def _fake_sync_rules():
+    from racefuzz.trace.sync_rules import SyncRules
 
-    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+    return SyncRules(_FakeCudaTensor, frozenset({torch.bool, torch.uint8}))
+
+
+def test_where_the_host_waits_in_a_copy_between_host_and_gpu():
+    rules = _fake_sync_rules()
     gpu, cpu = _FakeCudaTensor(), _FakeCudaTensor(cuda=False)
 
     def copy_(dst, src, *, non_blocking=False, on_gpu=True):
-        return capture._syncs_in_copy((dst, src, non_blocking), {}, dst, on_gpu)
+        return rules.in_copy((dst, src, non_blocking), {}, dst, on_gpu)
 
     assert copy_(cpu, gpu) == "after"  # to the host: memcpy_and_sync is the last step
     assert copy_(gpu, cpu) == "after"  # to the device, nothing after the copy
@@ -872,18 +876,15 @@ def test_where_the_host_waits_in_a_copy_between_host_and_gpu(monkeypatch):
     assert copy_(_FakeCudaTensor(cuda=False, numel=0), _FakeCudaTensor(numel=0)) == ""  # copies nothing
     assert copy_(gpu, _FakeCudaTensor()) == ""  # device to device
     assert copy_(cpu, gpu, on_gpu=False) == ""  # a CPU run has no host/device copies
-    assert capture._syncs_in_copy((gpu,), {"non_blocking": True}, cpu, True) == ""  # `_to_copy`'s keyword
+    assert rules.in_copy((gpu,), {"non_blocking": True}, cpu, True) == ""  # `_to_copy`'s keyword
 
 
-def test_ops_that_count_sync_only_on_non_empty_device_tensors_in_a_gpu_run(monkeypatch):
-    from racefuzz.trace import capture
-
-    capture._torch_mode_class()  # sets the mask dtypes
-    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+def test_ops_that_count_sync_only_on_non_empty_device_tensors_in_a_gpu_run():
+    rules = _fake_sync_rules()
     gpu, cpu, empty = _FakeCudaTensor(), _FakeCudaTensor(cuda=False), _FakeCudaTensor(numel=0)
     mask, host_mask = _FakeCudaTensor(dtype=torch.bool), _FakeCudaTensor(cuda=False, dtype=torch.bool)
-    assert [capture._syncs_on_input((t,), {}, None, True) for t in (gpu, cpu, empty)] == ["before", "", ""]
-    assert capture._syncs_after_copy_out((gpu,), {}, None, True) == "after"
-    assert capture._syncs_after_copy_out((cpu,), {}, None, True) == ""
-    on_mask = [capture._syncs_on_mask((gpu, [None, index]), {}, None, True) for index in (mask, host_mask, gpu)]
+    assert [rules.on_input((t,), {}, None, True) for t in (gpu, cpu, empty)] == ["before", "", ""]
+    assert rules.after_copy_out((gpu,), {}, None, True) == "after"
+    assert rules.after_copy_out((cpu,), {}, None, True) == ""
+    on_mask = [rules.on_mask((gpu, [None, index]), {}, None, True) for index in (mask, host_mask, gpu)]
     assert on_mask == ["before", "", ""]  # a device boolean mask; not a host one, nor integer indices

@@ -190,9 +190,9 @@ def counting_mode(seen: list[str]) -> type:
 
 def mode_calls(monkeypatch) -> list[str]:
     """The ops that reach racefuzz's dispatch mode from now on (its `__torch_dispatch__` counted)."""
-    from racefuzz.trace.capture import _torch_mode_class
+    from racefuzz.trace.torch_mode import trace_mode_class
 
-    mode_class, calls = _torch_mode_class(), []
+    mode_class, calls = trace_mode_class(), []
     original = mode_class.__torch_dispatch__
 
     def counted(self, func, types, args=(), kwargs=None):
