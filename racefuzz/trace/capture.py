@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from threading import get_ident
 from typing import Any
 
-from racefuzz.trace import cuda_api, graphs, op_schemas, torch_mode, torch_patches, triton_launches
+from racefuzz.trace import cuda_api, fastpath, graphs, op_schemas, torch_mode, torch_patches, triton_launches
 from racefuzz.trace.model import HOST
 from racefuzz.trace.op_schemas import TORCH_TENSOR_COPY
 from racefuzz.trace.recorder import ACTIVE, Recorder, active, fast_constants
@@ -65,7 +65,8 @@ def _configure_dispatcher(module: Any) -> None:
     """Tell the C++ fast path's dispatcher entry which ops it records (`op_schemas.dispatcher_op_info`)."""
     import torch
 
-    module.configure(op_schemas.dispatcher_op_info, torch._C._dynamo.eval_frame.set_eval_frame, fast_constants())
+    set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+    fastpath.configure(module, op_schemas.dispatcher_op_info, set_eval_frame, fast_constants())
 
 
 __all__ = ["HOST", "TORCH_TENSOR_COPY", "active", "cupy_kernel", "launch_kernel", "recording"]

@@ -111,7 +111,7 @@ class Capture:
         # A scope of the fast path begun with two modes on torch's stack routes every op to the mode.
         self.fast = fastpath.load()
         if self.fast is not None:
-            self.fast.begin(recorder.fast_state(object()))
+            self.fast.begin(fastpath.pack_state(self.fast, recorder.fast_state(object())))
 
     def close(self) -> None:
         """Undo what `__init__` changed (the fast path's scope, the mode, the recorder's settings)."""

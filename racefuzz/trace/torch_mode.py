@@ -42,7 +42,11 @@ def trace_mode_class() -> type:
             self.fastpath = fastpath.load()
             self.launch_op = self.fastpath.launch_op if self.fastpath is not None else None
             self.bail = object()
-            self.fast_state = recorder.fast_state(self.bail) if self.fastpath is not None else None
+            self.fast_state = (
+                fastpath.pack_state(self.fastpath, recorder.fast_state(self.bail))
+                if self.fastpath is not None
+                else None
+            )
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:

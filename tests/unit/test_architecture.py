@@ -239,8 +239,8 @@ RECORDER_FRONTENDS = (
 )
 """What installs the recorder's hooks into torch, `torch.cuda` and Triton, and reports to the recorder."""
 
-RECORDER_CORE = ("racefuzz.trace.recorder", "racefuzz.trace.sources")
-"""What the frontends report to: the recorder and its source lines."""
+RECORDER_CORE = ("racefuzz.trace.recorder", "racefuzz.trace.storages", "racefuzz.trace.sources")
+"""What the frontends report to: the recorder, its storage table, its source lines."""
 
 OP_ANALYSIS = ("racefuzz.trace.op_schemas", "racefuzz.trace.sync_rules")
 """Read and write sets and host syncs from an op's schema: analysis of an op, of no recorder."""

@@ -121,7 +121,7 @@ def test_a_storage_grown_in_place_frees_its_old_block_then():
     add = next(op for op in ops if getattr(op, "kernel", "") == "aten.add.out")
     assert free.index == add.index - 1  # freed when the op grew it, before its launch
     assert free.writes[0].storage != add.writes[0].storage  # the old block, not the new one
-    assert set(recorder._watched) >= {after} and before not in recorder._watched
+    assert set(recorder.storage_table.watched) >= {after} and before not in recorder.storage_table.watched
 
 
 def test_an_allocation_inside_an_opaque_launch_is_freed_on_its_stream():
@@ -154,7 +154,7 @@ def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_stora
         del buffer  # freed: a write of the whole block on forward, unordered after the fill
         # A block at that address from now on is a new storage (malloc may or may not hand it out again
         # here; tests/cuda checks the caching allocator's reuse).
-        assert recorder._keys.get((ptr, recorder._epochs[ptr])) is None
+        assert recorder.storage_table.keys.get((ptr, recorder.storage_table.epochs[ptr])) is None
         with env.use(forward):
             _reused = torch.zeros(1 << 16)  # forward's next allocation: where the freed block may be reused
     ops = recorder.record.trace.ops
@@ -772,7 +772,7 @@ def test_a_cpu_recorder_takes_a_grown_storages_old_address_for_a_new_storage():
         before = out.untyped_storage().data_ptr()
         out.resize_(0)
         torch.add(torch.ones(1 << 12), 1, out=out)  # grown: the old block may be handed out again
-    assert recorder._keys.get((before, recorder._epochs.get(before, 0))) is None
+    assert recorder.storage_table.keys.get((before, recorder.storage_table.epochs.get(before, 0))) is None
 
 
 def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
@@ -785,7 +785,7 @@ def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
         assert recorder.knows(seen) and recorder.knows(seen[2:]) and not recorder.knows(unseen)
         ptr = seen.untyped_storage().data_ptr()
         del seen  # its epoch ends: a tensor the allocator puts on that block again is another storage
-        assert recorder._epochs[ptr] == 1 and (ptr, 1) not in recorder._keys
+        assert recorder.storage_table.epochs[ptr] == 1 and (ptr, 1) not in recorder.storage_table.keys
 
 
 def test_a_copy_torch_made_out_of_sight_is_recorded_without_a_delay_point():
@@ -810,9 +810,9 @@ def test_a_new_allocation_forgets_an_old_blocks_record_stream():
     TraceEnv(recorder, "cpu")
     tensor = torch.zeros(4)
     ptr = tensor.untyped_storage().data_ptr()
-    recorder._recorded_streams.add(ptr)  # left by a block at this address that died unseen
+    recorder.storage_table.recorded_streams.add(ptr)  # left by a block at this address that died unseen
     recorder.allocated(tensor)
-    assert ptr not in recorder._recorded_streams
+    assert ptr not in recorder.storage_table.recorded_streams
 
 
 def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
@@ -827,7 +827,7 @@ def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
         x = torch.zeros(16)  # allocated on the default stream
         with env.use(side):
             launch_kernel("viewer", launcher, x=x)
-    assert recorder._alloc_stream[x.untyped_storage().data_ptr()] == "default"
+    assert recorder.storage_table.alloc_streams[x.untyped_storage().data_ptr()] == "default"
 
 
 class _FakeCudaTensor:
