@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from threading import get_ident
 from typing import Any
 
-from racefuzz.trace import graphs
+from racefuzz.trace import graphs, torch_mode
 from racefuzz.trace.recorder import Recorder, active
 
 ABSENT = object()
@@ -157,7 +157,7 @@ def patch() -> None:
         capture_begin(self, *args, **kwargs)
         recorder = _syncing_recorder()
         if recorder is not None:
-            graphs.begin(recorder)
+            graphs.begin(recorder, torch_mode.capture_mode)
 
     def graph_capture_end(self: Any) -> None:
         recorder = _syncing_recorder()

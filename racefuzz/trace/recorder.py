@@ -65,18 +65,6 @@ _tuple_new = tuple.__new__
 """Makes a trace op or access (a NamedTuple) from all its fields without its Python `__new__` (the
 launch path's hottest lines: every field is given, so the defaults `__new__` fills in are not needed)."""
 
-_raw_stream: Callable[[int], int] | None = None
-"""`torch._C._cuda_getCurrentRawStream`, looked up once (not an `import torch` per op)."""
-
-
-def _current_raw_stream(device_index: int) -> int:
-    global _raw_stream
-    if _raw_stream is None:
-        import torch
-
-        _raw_stream = torch._C._cuda_getCurrentRawStream
-    return _raw_stream(device_index)
-
 
 @dataclass
 class Snapshot:
@@ -161,6 +149,8 @@ class Recorder:
         self._stream_names: dict[int, str] = {0: "default"}
         self._seen_streams: set[str] = set()
         self.device_index = 0
+        self.raw_stream: Callable[[int], int] | None = None
+        """`torch._C._cuda_getCurrentRawStream` in a GPU run (looked up once, not per op), else None."""
         self.wait_stream_event: Any = None
         """The event `stream.wait_stream(other)` records and waits on while this recorder is active (GPU)."""
         self.thread: int | None = None
@@ -169,6 +159,7 @@ class Recorder:
             import torch
 
             self.device_index = torch.cuda.current_device()
+            self.raw_stream = torch._C._cuda_getCurrentRawStream
         self._event_names: dict[int, str] = {}
         self._events = 0
         self._given_event_names: set[str] = set()
@@ -203,8 +194,6 @@ class Recorder:
         `STATE_FIELDS`; `racefuzz.trace.fastpath.pack_state` checks the names and packs them): this recorder's
         own containers and its storage table's, so a trace op, storage, allocation or free it records is the
         one `launch_op`, `StorageTable.key`, `allocated` and `on_free` would."""
-        if self.on_gpu:
-            _current_raw_stream(self.device_index)  # looks torch's function up once
         table = self.storage_table
         return {
             "recorder": self,
@@ -219,7 +208,7 @@ class Recorder:
             "delays": self.delays,
             "snapshots_or_syncs": bool(self._snapshots_or_syncs),  # the C++ compares with True
             "on_gpu": bool(self.on_gpu),
-            "raw_stream": _raw_stream if self.on_gpu else None,
+            "raw_stream": self.raw_stream,
             "device_index": self.device_index,
             "alloc_streams": table.alloc_streams,
             "recorded_streams": table.recorded_streams,
@@ -245,7 +234,7 @@ class Recorder:
 
     def current_stream(self) -> str:
         if self.on_gpu:
-            handle = (_raw_stream or _current_raw_stream)(self.device_index)
+            handle = self.raw_stream(self.device_index)
             name = self._stream_names.get(handle)
             if name is not None and name in self._seen_streams:
                 return name

@@ -266,8 +266,6 @@ def capture_mode_class() -> type:
     return CaptureMode
 
 
-def _capture_mode(kept: list[Any]) -> Any:
+def capture_mode(kept: list[Any]) -> Any:
+    """The dispatch mode a CUDA graph capture puts on top of the recorder's (`racefuzz.trace.graphs.begin`)."""
     return capture_mode_class()(kept)
-
-
-graphs.use_capture_mode(_capture_mode)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from threading import get_ident
 from typing import Any
 
-from racefuzz.trace import graphs
+from racefuzz.trace import graphs, torch_mode
 from racefuzz.trace.env import VirtualEvent, VirtualStream
 from racefuzz.trace.recorder import active
 
@@ -274,7 +274,7 @@ def _install_graph_api(patches: _Patches, torch: Any) -> None:
             self._pool = (0, next(pools))
 
         def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
-            graphs.begin(_recording("CUDAGraph.capture_begin"))
+            graphs.begin(_recording("CUDAGraph.capture_begin"), torch_mode.capture_mode)
 
         def capture_end(self) -> None:
             graphs.end(_recording("CUDAGraph.capture_end"), self)
