@@ -13,17 +13,9 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from racefuzz.trace.model import Storage
-
-
-class Ended(NamedTuple):
-    """What `StorageTable.end_epoch` found of the storage whose epoch ended."""
-
-    key: int | None  # its key, if it was ever accessed
-    stream: str | None  # the stream it was allocated on while recording, if it was
-    record_stream: bool  # `tensor.record_stream(s)` deferred its reuse: its free is not modelled
 
 
 class StorageTable:
@@ -136,9 +128,11 @@ class StorageTable:
         callback = functools.partial(_storage_freed, self.recorder_ref, ptr)
         self.watched[ptr] = (weakref.ref(storage, callback), identity)
 
-    def end_epoch(self, ptr: int) -> Ended:
+    def end_epoch(self, ptr: int) -> tuple[int | None, str | None, bool]:
         """The storage at `ptr` died: no longer watched, its epoch ends (a storage at `ptr` after it is a new
-        one); what it was."""
+        one). Returns its key (None if it was never accessed), the stream it was allocated on while recording
+        (None if it was not), and whether `record_stream` deferred its reuse (its free is then not modelled): a
+        plain tuple, as this runs at every free."""
         watched = self.watched.pop(ptr, None)
         if watched is not None:
             self.address_of.pop(watched[1], None)
@@ -148,7 +142,7 @@ class StorageTable:
         key = self.keys.get((ptr, epoch))
         record_stream = ptr in self.recorded_streams
         self.recorded_streams.discard(ptr)
-        return Ended(key, stream, record_stream)
+        return key, stream, record_stream
 
 
 def _storage_freed(recorder_ref: Callable[[], Any], ptr: int, _storage_ref: Any) -> None:
