@@ -99,7 +99,7 @@ def _check_fields(module: Any, what: str, expected_name: str, given: Any) -> Non
         raise FieldMismatch(
             f"racefuzz: the C++ fast path ({getattr(module, '__file__', NAME)}) and the recorder disagree on "
             f"{what}: the recorder's lack {sorted(theirs - ours)}, the build's lack {sorted(ours - theirs)} "
-            f"(a build of another racefuzz version? remove it, or set {ENV}=0)"
+            f"(the names in _fastpath.cpp and in racefuzz.trace.recorder must agree; {ENV}=0 records without it)"
         )
 
 
