@@ -8,7 +8,7 @@ trace and the delay search's verdict (the control `none` first, then the others 
 each design's step, recording cost per op against PyTorch's CUDA sanitizer (CSAN) on the same ops, and
 what CSAN reports on each design's step (each CSAN run in its own process: CSAN cannot be turned off once
 enabled). The recording costs (`cost` per design, `micro`) run in fresh processes too, each
-timing unrecorded runs with torch's own `torch.cuda` methods (`racefuzz.trace.capture.cuda_api_unpatched`)
+timing unrecorded runs with torch's own `torch.cuda` methods (`racefuzz.trace.cuda_api.unpatched`)
 back to back with recorded ones.
 Prints everything; the raw output is committed under docs/results/sglang-step-proof-h200/ (`proof`) and
 docs/results/sglang-step-cost-h200/ (`cost`).
@@ -75,7 +75,7 @@ def _step_cost(step: Any, rounds: int, device: str = "cuda", run_kernels: bool =
     counted, on a shared machine. `run_kernels=False` (the CPU's sglang step: Triton needs a GPU) records
     kernel launches from their annotations without running them (`Recorder.run_kernels`); the caller runs
     the unrecorded ones without their kernels too (`_skip_triton_kernels`)."""
-    from racefuzz.trace.capture import cuda_api_unpatched
+    from racefuzz.trace.cuda_api import unpatched as cuda_api_unpatched
 
     env = _plain_env(device)
     step(env)
@@ -134,12 +134,12 @@ def _skip_triton_kernels() -> None:
     """From now on, in this process, a Triton launch runs no kernel (`JITFunction.run` returns None): the
     CPU's unrecorded runs of the sglang step, which cannot run Triton kernels, skip them as its recorded
     runs (`run_kernels=False`) do. Before racefuzz's first recording, which wraps `JITFunction.run`
-    (`racefuzz.trace.capture._patch_triton`) and so records the launches over it as usual."""
+    (`racefuzz.trace.triton_launches.patch`) and so records the launches over it as usual."""
     from triton.runtime.jit import JITFunction
 
-    from racefuzz.trace import capture
+    from racefuzz.trace import triton_launches
 
-    if capture._TRITON_PATCHED:
+    if triton_launches.patched():
         raise RuntimeError("Triton's launches are skipped only before racefuzz's first recording (a fresh process)")
 
     def skipped(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> None:
@@ -302,7 +302,8 @@ def _recording_samples(ops: int, runs: int, device: str, step: Any = micro_step)
     """
     import gc
 
-    from racefuzz.trace.capture import cuda_api_unpatched, recording
+    from racefuzz.trace.capture import recording
+    from racefuzz.trace.cuda_api import unpatched as cuda_api_unpatched
     from racefuzz.trace.env import TraceEnv
 
     def timed(make: Any, patched: bool = True) -> float:

@@ -1,6 +1,6 @@
 // The recorder's C++ fast path for torch ops: from the dispatch mode, an op that writes only its arguments
 // (an in-place or `out=` op); below torch's dispatcher (see "The dispatcher entry"), those and ops that
-// return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`_schema_accesses`,
+// return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`OpSchemas.accesses`,
 // `current_stream`, `user_source`, `_access`): the same trace op built from the same dicts, without
 // Python's per-op interpretation. Built and loaded by `racefuzz.trace.fastpath`; the Python path stays the
 // reference (tests/unit/test_trace_fastpath.py runs both on the same steps and compares the traces).
@@ -10,8 +10,8 @@
 //   tensor off the GPU in a GPU run, a stream or a frame it has not seen yet): the caller then takes the
 //   Python path, which records it (and teaches the caches: the next such op is fast);
 // * an op that writes nothing (a view, a metadata op) is called and not recorded, as the Python path does;
-// * otherwise: the delay (`recorder._delay`), the call `func(*args, **kwargs)`, the `TraceLaunch` appended
-//   with its accesses, the snapshots (`recorder._after`); returns what `func` returned. Anything unusual
+// * otherwise: the delay (`recorder.delay`), the call `func(*args, **kwargs)`, the `TraceLaunch` appended
+//   with its accesses, the snapshots (`recorder.after_launch`); returns what `func` returned. Anything unusual
 //   after the call (a strided view, an unknown storage) is handed to the recorder's own Python methods.
 #include <Python.h>
 #include <frameobject.h>
@@ -37,12 +37,15 @@
 
 namespace {
 
-// Indices into the state tuple `Recorder.fast_state()` builds: the recorder's own containers.
+// Indices into the state tuple `pack_state(fields)` makes of the dict `Recorder.fast_state()` builds (the
+// recorder's own containers and its storage table's), by the names in `STATE_NAMES`: the protocol between
+// the two languages is the names; the positions are this file's own.
 enum State {
   RECORDER,
   BAIL,
   OPS,
   LAUNCH_OPS,
+  STORAGE_TABLE,
   KEYS,
   EPOCHS,
   STREAM_NAMES,
@@ -60,12 +63,22 @@ enum State {
   STORAGES,
   KEEP,
   WATCH_FREES,
-  SELF_REF,
+  RECORDER_REF,
   STATE_SIZE
 };
 
-// Indices into the tuple `racefuzz.trace.recorder.fast_constants()` gives `configure`: the trace's types and
-// `user_source`'s caches and helpers, the same for every recorder of the process.
+// The key of each `State` field in `Recorder.fast_state()`'s dict, in `State`'s order (the module's
+// `STATE_FIELDS`, which `racefuzz.trace.fastpath` checks against the recorder's before it packs a state).
+const char* const STATE_NAMES[STATE_SIZE] = {
+    "recorder",      "bail",        "ops",           "launch_ops",       "storage_table", "keys",
+    "epochs",        "stream_names", "seen_streams", "delays",           "snapshots_or_syncs",
+    "on_gpu",        "raw_stream",  "device_index",  "alloc_streams",    "recorded_streams",
+    "address_of",    "watched",     "given_names",   "storages",         "keep",
+    "watch_frees",   "recorder_ref"};
+
+// Indices into the tuple `configure` packs of the dict `racefuzz.trace.recorder.fast_constants()` gives it (by
+// the names in `CONSTANT_NAMES`): the trace's types and `user_source`'s caches and helpers, the same for
+// every recorder of the process.
 enum Constant {
   TRACE_LAUNCH,
   ACCESS,
@@ -81,7 +94,71 @@ enum Constant {
   CONSTANTS_SIZE
 };
 
-// What the dispatcher entry does with an op: `racefuzz.trace.capture._dispatcher_op_info`'s kinds, in order.
+// The key of each `Constant` in `fast_constants()`'s dict, in `Constant`'s order (the module's
+// `CONSTANT_FIELDS`).
+const char* const CONSTANT_NAMES[CONSTANTS_SIZE] = {
+    "trace_launch", "access",    "storage",   "library_code", "sources",          "code_is_library",
+    "frame_source", "kind_torch", "kind_free", "kind_copy",   "trace_stream_sync"};
+
+// The names `names` as a tuple of str (a new reference), or nullptr with an exception.
+PyObject* name_tuple(const char* const* names, Py_ssize_t size) {
+  PyObject* tuple = PyTuple_New(size);
+  for (Py_ssize_t i = 0; tuple != nullptr && i < size; ++i) {
+    PyObject* name = PyUnicode_FromString(names[i]);
+    if (name == nullptr) {
+      Py_CLEAR(tuple);
+      break;
+    }
+    PyTuple_SET_ITEM(tuple, i, name);
+  }
+  return tuple;
+}
+
+// `fields` (a dict with exactly the keys `names`) as a tuple in the order of `names` (a new reference);
+// nullptr with a TypeError naming the keys that are missing or unexpected: a recorder and a build that
+// disagree on the fields fail here, at the start of a recording, instead of reading the wrong container.
+PyObject* pack(PyObject* fields, const char* const* names, Py_ssize_t size, const char* what) {
+  if (!PyDict_CheckExact(fields)) {
+    PyErr_Format(PyExc_TypeError, "%s: a dict of the fields by name, not %R", what, Py_TYPE(fields));
+    return nullptr;
+  }
+  PyObject* packed = PyTuple_New(size);
+  PyObject* expected = packed == nullptr ? nullptr : name_tuple(names, size);
+  if (expected == nullptr) {
+    Py_XDECREF(packed);
+    return nullptr;
+  }
+  bool complete = true;
+  for (Py_ssize_t i = 0; i < size; ++i) {
+    PyObject* value = PyDict_GetItemWithError(fields, PyTuple_GET_ITEM(expected, i));  // borrowed
+    if (value == nullptr) {
+      if (PyErr_Occurred()) {
+        Py_DECREF(packed);
+        Py_DECREF(expected);
+        return nullptr;
+      }
+      complete = false;
+      value = Py_None;
+    }
+    Py_INCREF(value);
+    PyTuple_SET_ITEM(packed, i, value);
+  }
+  if (!complete || PyDict_GET_SIZE(fields) != size) {
+    PyObject* given = PyDict_Keys(fields);
+    if (given != nullptr) {
+      PyErr_Format(PyExc_TypeError, "%s: the fields given, %R, are not the fields this build expects, %R", what,
+                   given, expected);
+      Py_DECREF(given);
+    }
+    Py_DECREF(packed);
+    Py_DECREF(expected);
+    return nullptr;
+  }
+  Py_DECREF(expected);
+  return packed;
+}
+
+// What the dispatcher entry does with an op: `racefuzz.trace.op_schemas.dispatcher_op_info`'s kinds, in order.
 enum OpKind { WRITES, FRESH, ALLOCATES, LIFTED };
 
 PyObject* constants = nullptr;  // set by `configure`; held for the process
@@ -215,7 +292,7 @@ bool contiguous_extent(const at::Tensor& t, int64_t& start, int64_t& nbytes, uin
   }
 }
 
-// The recorder's key of the storage at `base` in its current epoch (`_keys[(base, _epochs.get(base, 0))]`),
+// The recorder's key of the storage at `base` in its current epoch (`StorageTable.current_key(base)`),
 // borrowed; nullptr for a storage it does not know yet, with an exception set only on an error.
 PyObject* known_key(PyObject* state, uintptr_t base) {
   PyObject* base_obj = PyLong_FromUnsignedLongLong(base);
@@ -237,16 +314,16 @@ PyObject* known_key(PyObject* state, uintptr_t base) {
 
 // ---- Storages: new ones, allocations, frees ---------------------------------------------------------------
 //
-// What `Recorder._storage` (a storage seen for the first time), `Recorder.allocated` (a fresh output) and
-// `Recorder._watch` / `Recorder.on_free` (a storage's death as a free) do, on the same containers: the fast
+// What `StorageTable.key` (a storage seen for the first time), `Recorder.allocated` (a fresh output) and
+// `StorageTable.watch` / `Recorder.on_free` (a storage's death as a free) do, on the same containers: the fast
 // path's fresh outputs (`c = a + b`: an allocation, a new storage and, when the block is reused, a free per
 // op) would otherwise call into Python three times an op. A storage the recorder has placed at another
-// address (grown in place) is handed to `Recorder._watch`, which records its old block's free.
+// address (grown in place) is handed to `StorageTable.watch`, which records its old block's free.
 
 // Attribute names the free callback reads from the recorder, interned once (`PyInit`).
 struct Names {
-  PyObject *active, *paused, *record, *trace, *storages, *ops, *watched, *address_of, *epochs, *alloc_stream,
-      *keys, *recorded_streams, *nbytes, *name;
+  PyObject *active, *paused, *record, *trace, *storage_table, *storages, *ops, *watched, *address_of, *epochs,
+      *alloc_streams, *keys, *recorded_streams, *nbytes, *name;
 };
 Names names;
 
@@ -256,10 +333,11 @@ bool intern_names() {
     const char* text;
   };
   for (Entry entry : {Entry{&names.active, "active"}, Entry{&names.paused, "paused"}, Entry{&names.record, "record"},
-                      Entry{&names.trace, "trace"}, Entry{&names.storages, "storages"}, Entry{&names.ops, "ops"},
-                      Entry{&names.watched, "_watched"}, Entry{&names.address_of, "_address_of"},
-                      Entry{&names.epochs, "_epochs"}, Entry{&names.alloc_stream, "_alloc_stream"},
-                      Entry{&names.keys, "_keys"}, Entry{&names.recorded_streams, "_recorded_streams"},
+                      Entry{&names.trace, "trace"}, Entry{&names.storage_table, "storage_table"},
+                      Entry{&names.storages, "storages"}, Entry{&names.ops, "ops"}, Entry{&names.watched, "watched"},
+                      Entry{&names.address_of, "address_of"}, Entry{&names.epochs, "epochs"},
+                      Entry{&names.alloc_streams, "alloc_streams"}, Entry{&names.keys, "keys"},
+                      Entry{&names.recorded_streams, "recorded_streams"},
                       Entry{&names.nbytes, "nbytes"}, Entry{&names.name, "name"}}) {
     *entry.slot = PyUnicode_InternFromString(entry.text);
     if (*entry.slot == nullptr) {
@@ -293,7 +371,9 @@ PyObject* get_or_zero(PyObject* dictionary, PyObject* key) {
   return PyErr_Occurred() ? nullptr : PyLong_FromLong(0);
 }
 
-// A recorder's attributes the free callback needs, each a new reference (released by the destructor).
+// What the free callback needs of a recorder (its trace's ops) and of its storage table (`recorder.storage_table`:
+// the public containers of `racefuzz.trace.storages.StorageTable`), each a new reference (released by the
+// destructor).
 struct FreeTargets {
   PyObject *watched = nullptr, *address_of = nullptr, *epochs = nullptr, *alloc_stream = nullptr, *keys = nullptr,
            *recorded_streams = nullptr, *storages = nullptr, *ops = nullptr;
@@ -304,19 +384,24 @@ struct FreeTargets {
     if (trace == nullptr) {
       return false;
     }
-    storages = PyObject_GetAttr(trace, names.storages);
-    ops = storages == nullptr ? nullptr : PyObject_GetAttr(trace, names.ops);
+    ops = PyObject_GetAttr(trace, names.ops);
     Py_DECREF(trace);
+    PyObject* table = ops == nullptr ? nullptr : PyObject_GetAttr(recorder, names.storage_table);
+    if (table == nullptr) {
+      return false;
+    }
     struct Slot {
       PyObject** target;
       PyObject* name;
     };
-    bool ok = ops != nullptr;
-    for (Slot slot : {Slot{&watched, names.watched}, Slot{&address_of, names.address_of}, Slot{&epochs, names.epochs},
-                      Slot{&alloc_stream, names.alloc_stream}, Slot{&keys, names.keys},
+    bool ok = true;
+    for (Slot slot : {Slot{&storages, names.storages}, Slot{&watched, names.watched},
+                      Slot{&address_of, names.address_of}, Slot{&epochs, names.epochs},
+                      Slot{&alloc_stream, names.alloc_streams}, Slot{&keys, names.keys},
                       Slot{&recorded_streams, names.recorded_streams}}) {
-      ok = ok && (*slot.target = PyObject_GetAttr(recorder, slot.name)) != nullptr;  // stops at the first error
+      ok = ok && (*slot.target = PyObject_GetAttr(table, slot.name)) != nullptr;  // stops at the first error
     }
+    Py_DECREF(table);
     return ok;
   }
   ~FreeTargets() {
@@ -402,7 +487,7 @@ bool on_free(PyObject* recorder, PyObject* ptr) {
 }
 
 // The callback of a weak reference to a storage the fast path watches (`bound`: the recorder's weak
-// reference and the storage's address), as `racefuzz.trace.recorder._storage_freed`: the storage's free,
+// reference and the storage's address), as `racefuzz.trace.storages._storage_freed`: the storage's free,
 // if its recorder is still recording.
 PyObject* storage_freed(PyObject* bound, PyObject* /*weakref*/) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -437,9 +522,9 @@ PyObject* storage_freed(PyObject* bound, PyObject* /*weakref*/) {
 PyMethodDef storage_freed_def = {"storage_freed", storage_freed, METH_O,
                                  "A watched storage died: its free, if its recorder is recording."};
 
-// `Recorder._watch(storage, ptr)` (`storage` a Python storage object, `ptr` its address): the storage is known
+// `StorageTable.watch(storage, ptr)` (`storage` a Python storage object, `ptr` its address): the storage is known
 // at `ptr`, and with frees watched its death calls `storage_freed`. A storage the recorder knows at another
-// address goes to `Recorder._watch` itself (its old block's free). False with a Python exception.
+// address goes to `StorageTable.watch` itself (its old block's free). False with a Python exception.
 bool watch(PyObject* state, PyObject* storage, PyObject* ptr) {
   PyObject* identity = PyLong_FromVoidPtr(storage);  // `id(storage)`
   if (identity == nullptr) {
@@ -453,7 +538,7 @@ bool watch(PyObject* state, PyObject* storage, PyObject* ptr) {
     if (same != 0) {
       return same == 1;
     }
-    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_watch", "OO", storage, ptr);
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, STORAGE_TABLE), "watch", "OO", storage, ptr);
     Py_XDECREF(none);
     return none != nullptr;
   }
@@ -472,7 +557,7 @@ bool watch(PyObject* state, PyObject* storage, PyObject* ptr) {
   } else if (another == 0 && !PyErr_Occurred()) {
     another = PySet_Discard(PyTuple_GET_ITEM(state, RECORDED_STREAMS), ptr) < 0 ? -1 : 0;
   }
-  PyObject* bound = another < 0 || PyErr_Occurred() ? nullptr : PyTuple_Pack(2, PyTuple_GET_ITEM(state, SELF_REF), ptr);
+  PyObject* bound = another < 0 || PyErr_Occurred() ? nullptr : PyTuple_Pack(2, PyTuple_GET_ITEM(state, RECORDER_REF), ptr);
   PyObject* callback = bound == nullptr ? nullptr : PyCFunction_New(&storage_freed_def, bound);
   PyObject* reference = callback == nullptr ? nullptr : PyWeakref_NewRef(storage, callback);
   PyObject* entry = reference == nullptr ? nullptr : PyTuple_Pack(2, reference, identity);
@@ -505,7 +590,7 @@ bool allocated(PyObject* state, const at::Tensor& tensor, PyObject* stream) {
   return ok;
 }
 
-// `Recorder._storage(tensor, label)` for a storage the recorder has no key for in its current epoch: a new
+// `StorageTable.key(tensor, label)` for a storage the recorder has no key for in its current epoch: a new
 // key (a new reference) and its `Storage` (named as the step named it, else `tmp<key> (<label>)`), the
 // storage kept alive (frees not watched) or watched. nullptr with a Python exception.
 PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
@@ -576,7 +661,7 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
     }
     Py_INCREF(tensor);
     PyList_SET_ITEM(one, 0, tensor);
-    PyObject* result = PyObject_CallMethod(recorder, "_merged_accesses", "OO", one, label);
+    PyObject* result = PyObject_CallMethod(recorder, "merged_accesses", "OO", one, label);
     Py_DECREF(one);
     return result;
   }
@@ -614,13 +699,13 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   return result;
 }
 
-// `Recorder._merged_accesses` of several non-empty contiguous tensors on storages it knows already (an op's
+// `Recorder.merged_accesses` of several non-empty contiguous tensors on storages it knows already (an op's
 // inputs, the common case): their byte intervals merged per storage, storages in first-seen order, as it
 // does. nullptr without an exception where the recorder must do it itself (a strided or empty view, a
 // storage new to it); nullptr with one on an error.
 PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
   struct Part {
-    PyObject* key;  // borrowed from the recorder's `_keys`
+    PyObject* key;  // borrowed from the storage table's `keys`
     long long start, end;
   };
   std::vector<Part> parts;
@@ -698,7 +783,7 @@ PyObject* accesses(PyObject* state, PyObject* tensors, PyObject* label) {
   if (known != nullptr || PyErr_Occurred()) {
     return known;
   }
-  return PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_merged_accesses", "OO", tensors, label);
+  return PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "merged_accesses", "OO", tensors, label);
 }
 
 bool off_device(PyObject* state, PyObject* tensor) {
@@ -767,7 +852,7 @@ Collected begin(PyObject* state, Pending& pending) {
     return Collected::ERROR;
   }
   if (PyDict_GET_SIZE(PyTuple_GET_ITEM(state, DELAYS)) != 0) {
-    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_delay", "O", pending.stream);
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "delay", "O", pending.stream);
     if (none == nullptr) {
       return Collected::ERROR;
     }
@@ -777,7 +862,7 @@ Collected begin(PyObject* state, Pending& pending) {
 }
 
 // After the launch: its accesses, the `TraceLaunch` of kind `kind` (default "torch") appended, the snapshots
-// (`recorder._after`). False with a Python exception.
+// (`recorder.after_launch`). False with a Python exception.
 bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind = nullptr) {
   PyObject* write_access = accesses(state, pending.written, label);
   if (write_access == nullptr) {
@@ -791,7 +876,7 @@ bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind =
   PyObject* ops = PyTuple_GET_ITEM(state, OPS);
   PyObject* launch_ops = PyTuple_GET_ITEM(state, LAUNCH_OPS);
   Py_ssize_t ordinal = PyList_GET_SIZE(launch_ops);
-  // The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
+  // The index after the accesses: a new storage seen there may have recorded a free first (`StorageTable.watch`).
   PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
   PyObject* fields = index == nullptr ? nullptr
                                       : PyTuple_Pack(8, index, pending.stream, label,
@@ -808,7 +893,7 @@ bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind =
     return false;
   }
   if (PyTuple_GET_ITEM(state, SNAPSHOTS_OR_SYNCS) == Py_True) {
-    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "_after", "nO", ordinal, pending.writes);
+    PyObject* none = PyObject_CallMethod(PyTuple_GET_ITEM(state, RECORDER), "after_launch", "nO", ordinal, pending.writes);
     if (none == nullptr) {
       return false;
     }
@@ -1422,14 +1507,14 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   }
 }
 
-// `begin(state)`: record the fast ops of the recording that `state` (`Recorder.fast_state()`) is of, on this
+// `begin(state)`: record the fast ops of the recording that `state` (`pack_state(Recorder.fast_state())`) is of, on this
 // thread, from now until the matching `end()`; the recording's mode must be the top of torch's mode stack.
 PyObject* begin_recording(PyObject* /*module*/, PyObject* state) {
   if (!configured()) {
     return nullptr;
   }
   if (!valid_state(state)) {
-    PyErr_SetString(PyExc_TypeError, "begin(state): a Recorder.fast_state() tuple");
+    PyErr_SetString(PyExc_TypeError, "begin(state): a pack_state(Recorder.fast_state()) tuple");
     return nullptr;
   }
   try {
@@ -1462,13 +1547,24 @@ PyObject* end_recording(PyObject* /*module*/, PyObject* /*unused*/) {
   Py_RETURN_NONE;
 }
 
+// `pack_state(fields)`: the state tuple `launch_op` and `begin` take, from `Recorder.fast_state()`'s dict
+// (exactly the keys `STATE_FIELDS`, else a TypeError naming both sets).
+PyObject* pack_state(PyObject* /*module*/, PyObject* fields) {
+  return pack(fields, STATE_NAMES, STATE_SIZE, "pack_state(fields)");
+}
+
 // `configure(helper, set_eval_frame, constants)`: `helper(name, overload)` gives an op's (arguments, label,
-// fresh) if the fast path records it, else None (`racefuzz.trace.capture._dispatcher_op_info`; asked once
+// kind) if the fast path records it, else None (`racefuzz.trace.op_schemas.dispatcher_op_info`; asked once
 // per op); `set_eval_frame` is Dynamo's (`torch._C._dynamo.eval_frame.set_eval_frame`), or None;
-// `constants` is `racefuzz.trace.recorder.fast_constants()` (see `Constant`). Before any other call.
+// `constants` is `racefuzz.trace.recorder.fast_constants()`, a dict with exactly the keys `CONSTANT_FIELDS`
+// (else a TypeError naming both sets). Before any other call.
 PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyTuple_CheckExact(argv[2]) || PyTuple_GET_SIZE(argv[2]) != CONSTANTS_SIZE) {
+  if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "configure(helper, set_eval_frame, constants)");
+    return nullptr;
+  }
+  PyObject* packed = pack(argv[2], CONSTANT_NAMES, CONSTANTS_SIZE, "configure(helper, set_eval_frame, constants)");
+  if (packed == nullptr) {
     return nullptr;
   }
   Py_INCREF(argv[0]);
@@ -1476,8 +1572,7 @@ PyObject* configure(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t narg
   PyObject* dynamo = argv[1] == Py_None ? nullptr : argv[1];
   Py_XINCREF(dynamo);
   Py_XSETREF(set_eval_frame, dynamo);
-  Py_INCREF(argv[2]);
-  Py_XSETREF(constants, argv[2]);
+  Py_XSETREF(constants, packed);
   for (auto& known : known_ops) {
     Py_DECREF(known.second.info);
   }
@@ -1490,6 +1585,7 @@ PyMethodDef methods[] = {
      "The recorder's fast path for an op that writes only its arguments (see the source's contract)."},
     {"begin", begin_recording, METH_O, "Record fast ops below the dispatch mode on this thread (see the source)."},
     {"end", end_recording, METH_NOARGS, "End the innermost `begin` on this thread."},
+    {"pack_state", pack_state, METH_O, "The state tuple of a Recorder.fast_state() dict (checked: see the source)."},
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
      "The Python helper saying which ops the fast path records, Dynamo's set_eval_frame, the recorder's constants."},
     {nullptr, nullptr, 0, nullptr}};
@@ -1521,5 +1617,23 @@ PyMODINIT_FUNC PyInit_racefuzz_trace_fastpath() {
       return nullptr;
     }
   }
-  return PyModule_Create(&module);
+  PyObject* made = PyModule_Create(&module);
+  PyObject* state_fields = made == nullptr ? nullptr : name_tuple(STATE_NAMES, STATE_SIZE);
+  PyObject* constant_fields = state_fields == nullptr ? nullptr : name_tuple(CONSTANT_NAMES, CONSTANTS_SIZE);
+  // `PyModule_AddObject` steals a reference only when it succeeds.
+  bool ok = constant_fields != nullptr && PyModule_AddObject(made, "STATE_FIELDS", state_fields) == 0;
+  if (ok) {
+    state_fields = nullptr;
+    ok = PyModule_AddObject(made, "CONSTANT_FIELDS", constant_fields) == 0;
+    if (ok) {
+      constant_fields = nullptr;
+    }
+  }
+  Py_XDECREF(state_fields);
+  Py_XDECREF(constant_fields);
+  if (!ok) {
+    Py_XDECREF(made);
+    return nullptr;
+  }
+  return made;
 }

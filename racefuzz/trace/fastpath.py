@@ -54,8 +54,9 @@ def build_directory() -> str:
 
 
 def load() -> Any | None:
-    """The compiled module (`launch_op`, `begin`, `end`, `configure`), built and loaded on the first call;
-    None if it is off or cannot be built."""
+    """The compiled module (`launch_op`, `begin`, `end`, `configure`, `pack_state`, `STATE_FIELDS`,
+    `CONSTANT_FIELDS`), built and loaded on the first call; None if it is off or cannot be built. Use it through
+    `configure` and `pack_state` here, which check the names the recorder and the build exchange."""
     if not _loaded:
         _loaded.append(_load())
     return _loaded[0]
@@ -138,3 +139,34 @@ def _unavailable(why: str) -> None:
         file=sys.stderr,
     )
     return None
+
+
+class FieldMismatch(RuntimeError):
+    """The loaded build of `_fastpath.cpp` and the recorder disagree on the fields they exchange."""
+
+
+def _check_fields(module: Any, what: str, expected_name: str, given: Any) -> None:
+    """Raise `FieldMismatch` unless `given` (a dict) has exactly the keys `module.<expected_name>` lists."""
+    expected = getattr(module, expected_name, None)
+    if expected is None or not isinstance(given, dict) or set(given) != set(expected):
+        theirs = set(expected or ())
+        ours = set(given) if isinstance(given, dict) else set()
+        raise FieldMismatch(
+            f"racefuzz: the C++ fast path ({getattr(module, '__file__', NAME)}) and the recorder disagree on "
+            f"{what}: the recorder's lack {sorted(theirs - ours)}, the build's lack {sorted(ours - theirs)} "
+            f"(the names in _fastpath.cpp and in racefuzz.trace.recorder must agree; {ENV}=0 records without it)"
+        )
+
+
+def configure(module: Any, helper: Any, set_eval_frame: Any, constants: dict[str, Any]) -> None:
+    """`module.configure(...)` once the names of `constants` (`racefuzz.trace.recorder.fast_constants`) are
+    checked against the build's `CONSTANT_FIELDS` (`FieldMismatch` if they differ)."""
+    _check_fields(module, "the constants", "CONSTANT_FIELDS", constants)
+    module.configure(helper, set_eval_frame, constants)
+
+
+def pack_state(module: Any, fields: dict[str, Any]) -> Any:
+    """The state `module.launch_op` / `module.begin` take, from `Recorder.fast_state()`'s dict, whose names are
+    checked against the build's `STATE_FIELDS` first (`FieldMismatch` if they differ)."""
+    _check_fields(module, "a recorder's state", "STATE_FIELDS", fields)
+    return module.pack_state(fields)

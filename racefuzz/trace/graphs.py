@@ -98,7 +98,7 @@ def _graphs(recorder: Any) -> _RecorderGraphs:
 class Capture:
     """A capture in progress (see the module doc): what `begin` changed on the recorder, restored by `end`."""
 
-    def __init__(self, recorder: Any, template: Template) -> None:
+    def __init__(self, recorder: Any, template: Template, capture_mode: Callable[[list[Any]], Any]) -> None:
         self.recorder = recorder
         self.template = template
         self.start_op = len(recorder.record.trace.ops)
@@ -106,12 +106,12 @@ class Capture:
         self.start_storage = len(recorder.record.trace.storages)  # keys are 0, 1, ... in order of first sight
         self.saved = (recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing)
         recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing = {}, {}, False, False
-        self.mode = _capture_mode(template.kept)
+        self.mode = capture_mode(template.kept)
         self.mode.__enter__()
         # A scope of the fast path begun with two modes on torch's stack routes every op to the mode.
         self.fast = fastpath.load()
         if self.fast is not None:
-            self.fast.begin(recorder.fast_state(object()))
+            self.fast.begin(fastpath.pack_state(self.fast, recorder.fast_state(object())))
 
     def close(self) -> None:
         """Undo what `__init__` changed (the fast path's scope, the mode, the recorder's settings)."""
@@ -173,21 +173,6 @@ class Capture:
         return recorder.launch(kernel, kind, call, reads, writes)
 
 
-def _no_mode(kept: list[Any]) -> Any:
-    raise RuntimeError("racefuzz.trace.graphs: no capture mode handed over (racefuzz.trace.capture does)")
-
-
-_capture_mode: Callable[[list[Any]], Any] = _no_mode
-"""Makes the dispatch mode a capture puts on top of the recorder's: it keeps what each op allocates in the
-list it is given. `racefuzz.trace.capture`'s (`use_capture_mode`), whose frames the recorder knows as its own
-(a launch names the step's line, not the mode's)."""
-
-
-def use_capture_mode(make: Callable[[list[Any]], Any]) -> None:
-    global _capture_mode
-    _capture_mode = make
-
-
 CAPTURES: list[Capture] = []
 """The captures in progress (of any recorder; empty nearly always: the mode checks it per op)."""
 
@@ -200,9 +185,11 @@ def capture_of(recorder: Any) -> Capture | None:
     return None
 
 
-def begin(recorder: Any) -> None:
+def begin(recorder: Any, capture_mode: Callable[[list[Any]], Any]) -> None:
     """A graph's `capture_begin()` ran on the recorder's thread, on its current stream: a capture starts (its
-    graph is named at `end`)."""
+    graph is named at `end`). `capture_mode(kept)` makes the dispatch mode the capture puts on top of the
+    recorder's, which keeps what each op allocates in `kept` (`racefuzz.trace.torch_mode.capture_mode`, whose
+    frames the recorder knows as its own: a launch names the step's line, not the mode's)."""
     open_capture = capture_of(recorder)
     if open_capture is not None:
         raise UserCodeError(
@@ -213,7 +200,7 @@ def begin(recorder: Any) -> None:
     graphs.captured += 1
     template = Template(f"graph#{graphs.captured}", weakref.ref(recorder), recorder.current_stream())
     graphs.templates.append(template)
-    CAPTURES.append(Capture(recorder, template))
+    CAPTURES.append(Capture(recorder, template, capture_mode))
 
 
 def end(recorder: Any, graph: Any) -> None:

@@ -20,7 +20,7 @@ device tensors are told apart as on a GPU:
 * a device tensor's `.to("cpu")` / `.cpu()` is a copy (torch would return the tensor itself, `cpu:0`
   being its `cpu`): a launch on the current stream writing a new host tensor, as on a GPU. A copy between
   host and device without `non_blocking=True` is followed by the host's sync of the current stream, as a
-  GPU run records it (`capture._syncs_in_copy`, there "after" the copy but for a copy to the device that
+  GPU run records it (`SyncRules.in_copy`, there "after" the copy but for a copy to the device that
   converts on the device, "before" it: here always after, the later of the two);
 * zero-copy (UVA): pinned host memory that kernels read through a device view is one storage with its
   host buffer. `device_view(host_tensor)` is that view: the same storage, but a device tensor, so an op
@@ -35,7 +35,7 @@ recorded as the host's accesses of the bytes written, on the tensor's storage. A
 array records the bounding range of what it selects (conservative).
 
 This module is the recorder's: an access it records is named by the innermost frame outside it (the
-engine's line), as the recorder names its own frames' callers (`recorder._MACHINERY`).
+engine's line), as the recorder names its own frames' callers (`sources._MACHINERY`).
 """
 
 from __future__ import annotations
@@ -337,7 +337,7 @@ def _host_ops_mode(registry: HostTensors) -> Any:
                     for made in _fresh(out, inputs):
                         registry.add(made)
                 if recorder is not None and not recorder.paused and _blocking_copy(registry, func, args, kwargs, out):
-                    recorder.on_stream_sync(recorder.current_stream())  # as `capture._syncs_in_copy` on a GPU
+                    recorder.on_stream_sync(recorder.current_stream())  # as `SyncRules.in_copy` on a GPU
                 views = [t for t in tensors if is_device_view(t)]
                 if views:  # a view of a device view of host memory is one too
                     viewed = {t.untyped_storage().data_ptr() for t in views}

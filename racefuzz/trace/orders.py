@@ -160,8 +160,8 @@ class GateKernels(Protocol):
 @dataclass
 class Gates:
     """One run's forced orders, by launch point: which gates wait before a point's launch (`waits`) and
-    which signal after it (`signals`); the recorder asks at every launch point (`Recorder._delay`,
-    `Recorder._after`). `issued` lists what was enqueued, in host order: ("wait" | "signal", point, gate)."""
+    which signal after it (`signals`); the recorder asks at every launch point (`Recorder.delay`,
+    `Recorder.after_launch`). `issued` lists what was enqueued, in host order: ("wait" | "signal", point, gate)."""
 
     orders: tuple[PointOrder, ...]
     kernels: GateKernels

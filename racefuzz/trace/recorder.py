@@ -2,18 +2,19 @@
 
 Frontends report to the active `Recorder`:
 
-* torch ops through `TraceMode`, a `TorchDispatchMode`: read and write sets from the op's schema
-  (`alias_info.is_write` for in-place and `out=` arguments, fresh outputs written, views and allocations
-  are not accesses), the stream from the current stream; most ops (in-place, `out=`, fresh outputs from
-  tensor inputs) through the C++ fast path (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher,
-  before the op reaches the mode), which does what `launch_op` / `launch` do, and what `_storage`,
-  `allocated`, `_watch` and `on_free` do for its ops' new storages, fresh outputs and their frees, with this
-  recorder's own containers (`fast_state`), and hands anything unusual (a strided view's accesses, a
-  storage grown in place) back to its methods;
-* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.capture`): arguments and the
+* torch ops through `TraceMode`, a `TorchDispatchMode` (`racefuzz.trace.torch_mode`): read and write sets from
+  the op's schema (`racefuzz.trace.op_schemas`: `alias_info.is_write` for in-place and `out=` arguments, fresh
+  outputs written, views and allocations are not accesses), the stream from the current stream; most ops
+  (in-place, `out=`, fresh outputs from tensor inputs) through the C++ fast path
+  (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher, before the op reaches the mode), which does what
+  `launch_op` / `launch` do, and what `StorageTable.key`, `allocated`, `StorageTable.watch` and `on_free` do
+  for its ops' new storages, fresh outputs and their frees, with this recorder's own containers and its
+  `StorageTable`'s (`fast_state`), and hands anything unusual (a strided view's accesses, a storage grown in
+  place) back to its methods;
+* Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton_launches`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
-  `torch.cuda.synchronize` (GPU, `racefuzz.trace.capture._patch_cuda_api`) and the ops that sync the host
+  `torch.cuda.synchronize` (GPU, `racefuzz.trace.cuda_api`) and the ops that sync the host
   (`.item()`, blocking copies, `nonzero`, ...), or the virtual streams of `TraceEnv` (CPU);
 * allocations: a storage a torch op returns while recording (`allocated`) is watched (a weak reference
   with a callback) and its death is its free: a freed block is a new storage when reused, and the free
@@ -32,14 +33,12 @@ delay points are (stream, n-th launch on it) and value snapshots are keyed by or
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.trace import sources
 from racefuzz.trace.annotations import WHOLE, annotation
 from racefuzz.trace.indexing import Region
 from racefuzz.trace.intervals import Interval, merge, view_intervals
@@ -55,99 +54,16 @@ from racefuzz.trace.model import (
     TraceStreamSync,
     TraceWait,
 )
+from racefuzz.trace.sources import user_source
+from racefuzz.trace.storages import StorageTable
 
 SPIN_CYCLES_PER_US = 1980
 """`torch.cuda._sleep` counts SM clock cycles; at the H200's 1.98 GHz boost clock one microsecond is about
 this many (a slower clock makes the spin longer, which is harmless for a delay)."""
 
-_MACHINERY = frozenset(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    for name in (
-        "recorder.py",
-        "capture.py",
-        "env.py",
-        "annotations.py",
-        "search.py",
-        "torch_patches.py",
-        "host_memory.py",
-    )
-)
-_LIBRARY_MARKERS = (f"{os.sep}torch{os.sep}", f"{os.sep}triton{os.sep}", f"{os.sep}hypothesis{os.sep}", "contextlib.py")
-_IS_LIBRARY: dict[str, bool] = {}
-_SHOWN: dict[str, str] = {}
-_LIBRARY_CODE: dict[int, bool] = {}
-_SOURCES: dict[tuple[int, int], str] = {}
-_CODES: list[Any] = []
-"""`user_source`'s caches: whether a code object is the recorder's, torch's, Triton's or Hypothesis's, and
-the formatted `file:line (function)` of a (code object, bytecode offset): one source line is formatted once,
-not once per op (both bounded by the step's code, as its call sites are). Keyed by `id(code)`, not by the
-code object: a code object's hash is computed from its bytecode, constants and names at every lookup
-(microseconds for a long step function, several lookups an op); `_CODES` holds every code object the
-caches know, so that no other object can take its id."""
-
-
-def _is_library(filename: str) -> bool:
-    known = _IS_LIBRARY.get(filename)
-    if known is None:
-        known = filename in _MACHINERY or any(marker in filename for marker in _LIBRARY_MARKERS)
-        _IS_LIBRARY[filename] = known
-    return known
-
-
-def user_source(skip: int = 2) -> str:
-    """`file:line (function)` of the innermost frame outside the recorder, torch, Triton and Hypothesis."""
-    frame = sys._getframe(skip)
-    library = _LIBRARY_CODE
-    while frame is not None:
-        code = frame.f_code
-        known = library.get(id(code))
-        if known is None:
-            known = _code_is_library(code)
-        if not known:
-            source = _SOURCES.get((id(code), frame.f_lasti))
-            return _frame_source(frame) if source is None else source
-        frame = frame.f_back
-    return ""
-
-
-def _code_is_library(code: Any) -> bool:
-    """Whether `code` is the recorder's, torch's, Triton's or Hypothesis's (cached; the fast path calls it too)."""
-    _CODES.append(code)
-    known = _LIBRARY_CODE[id(code)] = _is_library(code.co_filename)
-    return known
-
-
-def _frame_source(frame: Any) -> str:
-    """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too,
-    as `user_source` does: for a code object `_code_is_library` has seen)."""
-    code = frame.f_code
-    source = _SOURCES[(id(code), frame.f_lasti)] = _format_source(code, frame.f_lineno)
-    return source
-
-
-def _format_source(code: Any, lineno: int) -> str:
-    filename = code.co_filename
-    shown = _SHOWN.get(filename)
-    if shown is None:
-        shown = _SHOWN[filename] = filename if filename.startswith("<") else os.path.relpath(filename)
-    return f"{shown}:{lineno} ({code.co_name})"
-
-
 _tuple_new = tuple.__new__
 """Makes a trace op or access (a NamedTuple) from all its fields without its Python `__new__` (the
 launch path's hottest lines: every field is given, so the defaults `__new__` fills in are not needed)."""
-
-_raw_stream: Callable[[int], int] | None = None
-"""`torch._C._cuda_getCurrentRawStream`, looked up once (not an `import torch` per op)."""
-
-
-def _current_raw_stream(device_index: int) -> int:
-    global _raw_stream
-    if _raw_stream is None:
-        import torch
-
-        _raw_stream = torch._C._cuda_getCurrentRawStream
-    return _raw_stream(device_index)
 
 
 @dataclass
@@ -217,10 +133,10 @@ class Recorder:
         self.evaluate_annotations = evaluate_annotations
         self.serialize = serialize
         self.delays = dict(delays or {})
-        """(stream, n) -> microseconds: the launch points `_delay` acts at (0: a gate's point, no spin)."""
+        """(stream, n) -> microseconds: the launch points `delay` acts at (0: a gate's point, no spin)."""
         self.gates = gates
         self._signal_due: tuple[str, int] | None = None
-        """The launch point whose gate signals are due after the launch in progress (`_after`)."""
+        """The launch point whose gate signals are due after the launch in progress (`after_launch`)."""
         if gates is not None:
             for point in gates.points:
                 self.delays.setdefault(point, 0.0)
@@ -233,6 +149,8 @@ class Recorder:
         self._stream_names: dict[int, str] = {0: "default"}
         self._seen_streams: set[str] = set()
         self.device_index = 0
+        self.raw_stream: Callable[[int], int] | None = None
+        """`torch._C._cuda_getCurrentRawStream` in a GPU run (looked up once, not per op), else None."""
         self.wait_stream_event: Any = None
         """The event `stream.wait_stream(other)` records and waits on while this recorder is active (GPU)."""
         self.thread: int | None = None
@@ -241,26 +159,19 @@ class Recorder:
             import torch
 
             self.device_index = torch.cuda.current_device()
+            self.raw_stream = torch._C._cuda_getCurrentRawStream
         self._event_names: dict[int, str] = {}
         self._events = 0
         self._given_event_names: set[str] = set()
         self._virtual_handles = 0
         """How many virtual streams were named (their stand-in handles are -1, -2, ...: no CUDA handle is)."""
         self._launches_on: dict[str, int] = {}
-        self._keys: dict[tuple[int, int], int] = {}
-        self._epochs: dict[int, int] = {}
-        self._alloc_stream: dict[int, str] = {}
-        self._watched: dict[int, tuple[Any, int]] = {}
-        """Storage address -> (the weak reference whose callback records the storage's free, `id(storage)`)."""
-        self._address_of: dict[int, int] = {}
-        """`id(storage)` -> the address it is watched at."""
         self._self_ref = weakref.ref(self)
         self.watch_frees = True if watch_frees is None else watch_frees
+        self.storage_table = StorageTable(self.record.trace.storages, self.watch_frees, self._self_ref)
+        """The run's storages: keys, epochs, watched storages, allocation streams (the C++ fast path's too)."""
         self.active = False
         """Whether this recorder is recording now (set by `racefuzz.trace.capture.recording`)."""
-        self._given_names: dict[int, str] = {}
-        self._recorded_streams: set[int] = set()
-        self._keep: list[Any] = []
         self._warned: set[str] = set()
         from racefuzz.trace.env import VirtualStream
 
@@ -278,36 +189,37 @@ class Recorder:
         order, read without changing the run: a CPU run (eager) or a GPU reference run (serialized). Else
         the op's whole views, said once in `Trace.whole_view_indexing`."""
 
-    def fast_state(self, bail: object) -> tuple[Any, ...]:
-        """What the C++ fast path (`racefuzz.trace._fastpath.cpp`, its `State` enum in this order) reads and
-        appends to: this recorder's own containers, so a trace op, storage, allocation or free it records is
-        the one `launch_op`, `_storage`, `allocated` and `on_free` would."""
-        if self.on_gpu:
-            _current_raw_stream(self.device_index)  # looks torch's function up once
-        return (
-            self,
-            bail,
-            self.record.trace.ops,
-            self.record.launch_ops,
-            self._keys,
-            self._epochs,
-            self._stream_names,
-            self._seen_streams,
-            self.delays,
-            bool(self._snapshots_or_syncs),  # the C++ compares with True
-            bool(self.on_gpu),
-            _raw_stream if self.on_gpu else None,
-            self.device_index,
-            self._alloc_stream,
-            self._recorded_streams,
-            self._address_of,
-            self._watched,
-            self._given_names,
-            self.record.trace.storages,
-            self._keep,
-            bool(self.watch_frees),
-            self._self_ref,
-        )
+    def fast_state(self, bail: object) -> dict[str, Any]:
+        """What the C++ fast path (`racefuzz.trace._fastpath.cpp`) reads and appends to, by name (its
+        `STATE_FIELDS`; `racefuzz.trace.fastpath.pack_state` checks the names and packs them): this recorder's
+        own containers and its storage table's, so a trace op, storage, allocation or free it records is the
+        one `launch_op`, `StorageTable.key`, `allocated` and `on_free` would."""
+        table = self.storage_table
+        return {
+            "recorder": self,
+            "bail": bail,
+            "ops": self.record.trace.ops,
+            "launch_ops": self.record.launch_ops,
+            "storage_table": table,
+            "keys": table.keys,
+            "epochs": table.epochs,
+            "stream_names": self._stream_names,
+            "seen_streams": self._seen_streams,
+            "delays": self.delays,
+            "snapshots_or_syncs": bool(self._snapshots_or_syncs),  # the C++ compares with True
+            "on_gpu": bool(self.on_gpu),
+            "raw_stream": self.raw_stream,
+            "device_index": self.device_index,
+            "alloc_streams": table.alloc_streams,
+            "recorded_streams": table.recorded_streams,
+            "address_of": table.address_of,
+            "watched": table.watched,
+            "given_names": table.given_names,
+            "storages": table.storages,
+            "keep": table.keep,
+            "watch_frees": bool(table.watch_frees),
+            "recorder_ref": self._self_ref,
+        }
 
     # --- names -------------------------------------------------------------------------------------
 
@@ -322,7 +234,7 @@ class Recorder:
 
     def current_stream(self) -> str:
         if self.on_gpu:
-            handle = (_raw_stream or _current_raw_stream)(self.device_index)
+            handle = self.raw_stream(self.device_index)
             name = self._stream_names.get(handle)
             if name is not None and name in self._seen_streams:
                 return name
@@ -374,47 +286,19 @@ class Recorder:
 
     def name_storage(self, tensor: Any, name: str) -> None:
         """Call `tensor`'s storage `name`; a 2-D tensor also gives the row length reports print with."""
-        self._given_names[tensor.untyped_storage().data_ptr()] = name
-        key = self._storage(tensor, name)
+        self.storage_table.given_names[tensor.untyped_storage().data_ptr()] = name
+        key = self.storage_table.key(tensor, name)
         old = self.record.trace.storages[key]
         row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else old.row_bytes
         self.record.trace.storages[key] = Storage(
             key, name, old.nbytes, tensor.element_size(), row_bytes, old.allocated_on
         )
 
-    # --- storages ----------------------------------------------------------------------------------
-
-    def _storage(self, tensor: Any, origin: str) -> int:
-        # The storage's base address without making a storage object (the common case: a known storage).
-        ptr = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
-        epoch = self._epochs.get(ptr, 0)
-        key = self._keys.get((ptr, epoch))
-        if key is None:
-            storage = tensor.untyped_storage()
-            ptr = storage.data_ptr()
-            epoch = self._epochs.get(ptr, 0)
-            key = len(self._keys)
-            self._keys[(ptr, epoch)] = key
-            name = self._given_names.get(ptr) or f"tmp{key} ({origin})"
-            row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else 0
-            allocated_on = self._alloc_stream.get(ptr, "")  # set by `allocated` before its first access
-            self.record.trace.storages[key] = Storage(
-                key, name, storage.nbytes(), tensor.element_size(), row_bytes, allocated_on
-            )
-            if not self.watch_frees:
-                self._keep.append(storage)  # the address must not be reused within the run
-            if ptr:
-                # Every storage seen is watched (one allocated before recording too): its death ends its
-                # epoch, so a block reused at the same address is never taken for the same storage.
-                self._watch(storage, ptr)
-        return key
+    # --- storages (the table's; see `racefuzz.trace.storages`) ------------------------------------------
 
     def knows(self, tensor: Any) -> bool:
-        """Whether the recorder has a key for `tensor`'s storage in its current epoch (it was accessed while
-        recording, and its block not freed since). From the base address, as `_storage` looks a storage up:
-        no storage object is made."""
-        ptr = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
-        return (ptr, self._epochs.get(ptr, 0)) in self._keys
+        """Whether the recorder has a key for `tensor`'s storage in its current epoch (`StorageTable.knows`)."""
+        return self.storage_table.knows(tensor)
 
     def allocated(self, tensor: Any) -> None:
         """`tensor` is a fresh allocation on the current stream: its free is a write on that stream (`on_free`),
@@ -422,64 +306,30 @@ class Recorder:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         if ptr:
-            if not self.on_gpu or tensor.is_cuda:
-                # Not a pinned host block's: torch's host allocator hands one out again only after every
-                # copy that used it has finished (it records an event per copy), so its free is no write on
-                # a stream. Watched all the same: its reuse is a new storage.
-                self._alloc_stream[ptr] = self.current_stream()
-            self._recorded_streams.discard(ptr)  # a `record_stream` of an earlier block at this address
-            if self.watch_frees:
-                self._watch(storage, ptr)  # now: a block never accessed must still end its allocation
+            # Not a pinned host block's: torch's host allocator hands one out again only after every copy that
+            # used it has finished (it records an event per copy), so its free is no write on a stream.
+            # Watched all the same: its reuse is a new storage.
+            stream = self.current_stream() if not self.on_gpu or tensor.is_cuda else None
+            self.storage_table.allocated(storage, ptr, stream)
 
     def resized(self, tensor: Any) -> None:
-        """`tensor.resize_(...)` ran: a storage seen before that now lives elsewhere moved (`_watch`)."""
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        old = self._address_of.get(id(storage))
-        if ptr and old is not None and old != ptr:
-            self._watch(storage, ptr)
-
-    def _watch(self, storage: Any, ptr: int) -> None:
-        """Know `storage` at `ptr`; with `watch_frees`, call `on_free(ptr)` when it dies. A storage known at
-        another address was reallocated in place (an `out=` op or `resize_` that grew it): its old block was
-        freed then, and is a new storage from now on."""
-        identity = id(storage)  # stable: torch keeps a storage's Python object as long as the storage
-        old = self._address_of.get(identity)
-        if old == ptr:
-            return
-        if old is not None:
-            if self.watch_frees:
-                self.on_free(old)
-                self._alloc_stream.setdefault(ptr, self.current_stream())
-            else:
-                self._epochs[old] = self._epochs.get(old, 0) + 1
-        self._address_of[identity] = ptr
-        if not self.watch_frees:
-            return
-        previous = self._watched.get(ptr)
-        if previous is not None and previous[1] != identity:
-            # Another storage known at this address moved without the recorder seeing it (a resize outside
-            # dispatch, `UntypedStorage.resize_`): forget where it was rather than free this block for it.
-            self._address_of.pop(previous[1], None)
-        else:
-            self._recorded_streams.discard(ptr)  # a new storage here: an old block's `record_stream` is gone
-        callback = functools.partial(_storage_freed, self._self_ref, ptr)
-        self._watched[ptr] = (weakref.ref(storage, callback), identity)
+        """`tensor.resize_(...)` ran: a storage seen before that now lives elsewhere moved (`StorageTable.watch`)."""
+        self.storage_table.resized(tensor.untyped_storage())
 
     def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
         """The accesses of `tensors`: views (their bytes), or `Region`s (the bytes an index op selected)."""
         if len(tensors) == 1 and type(tensors[0]) is not Region:
             return self._access(tensors[0], origin)
-        return self._merged_accesses(tensors, origin) if tensors else ()
+        return self.merged_accesses(tensors, origin) if tensors else ()
 
-    def _merged_accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+    def merged_accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
         """The byte intervals of `tensors`, merged per storage."""
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
             if type(tensor) is Region:
-                by_storage.setdefault(self._storage(tensor.tensor, origin), []).extend(tensor.intervals)
+                by_storage.setdefault(self.storage_table.key(tensor.tensor, origin), []).extend(tensor.intervals)
                 continue
-            key = self._storage(tensor, origin)
+            key = self.storage_table.key(tensor, origin)
             size = tensor.element_size()
             if tensor.is_contiguous():
                 start = tensor.storage_offset() * size
@@ -492,16 +342,17 @@ class Recorder:
     def _access(self, tensor: Any, origin: str) -> tuple[Access, ...]:
         """`_accesses` of one tensor; a contiguous one (the common case) without the merging."""
         if not tensor.is_contiguous():
-            return self._merged_accesses([tensor], origin)
+            return self.merged_accesses([tensor], origin)
         nbytes = tensor.nbytes
         if not nbytes:
             return ()
         start = tensor.storage_offset() * tensor.itemsize
-        # A known storage found from the base address (as `_storage` does, without its calls).
+        # A known storage found from the base address (as `StorageTable.key` does, without its calls).
         base = tensor.data_ptr() - start
-        key = self._keys.get((base, self._epochs.get(base, 0)))
+        table = self.storage_table
+        key = table.keys.get((base, table.epochs.get(base, 0)))
         if key is None:
-            key = self._storage(tensor, origin)
+            key = table.key(tensor, origin)
         return (_tuple_new(Access, (key, ((start, start + nbytes),))),)
 
     # --- launches ----------------------------------------------------------------------------------
@@ -527,7 +378,7 @@ class Recorder:
         """
         stream = self.current_stream()
         if self.delays and kind != "copy":
-            self._delay(stream)
+            self.delay(stream)
         source = user_source(3)
         if kind in ("torch", "copy"):
             result = call()
@@ -556,7 +407,7 @@ class Recorder:
         `out=` op: every write is an argument), recorded exactly as `launch` records it: the hot path."""
         stream = self.current_stream()
         if self.delays:
-            self._delay(stream)
+            self.delay(stream)
         source = user_source(3)
         result = func(*args, **kwargs)
         self._append_launch(stream, kernel, "torch", reads, writes, source, False)
@@ -580,16 +431,16 @@ class Recorder:
         else:
             written = self._accesses([view for _, view in writes], kernel)
         read = self._accesses(reads, kernel)
-        # The index after the accesses: a new storage seen there may have recorded a free first (`_watch`).
+        # The index after the accesses: a new storage seen there may have recorded a free first (`StorageTable.watch`).
         ordinal = len(record.launch_ops)
         ops = record.trace.ops
         index = len(ops)
         ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, kind, read, written, source, assumed)))
         record.launch_ops.append(index)
         if self._snapshots_or_syncs:
-            self._after(ordinal, writes)
+            self.after_launch(ordinal, writes)
 
-    def _delay(self, stream: str) -> None:
+    def delay(self, stream: str) -> None:
         """Count this launch on `stream` and act at its launch point: spin if a delay is planned there, then
         enqueue the waits of the gates that hold it back (and note the signals due after it)."""
         nth = self._launches_on.get(stream, 0)
@@ -605,7 +456,7 @@ class Recorder:
             finally:
                 self.paused -= 1
 
-    def _after(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
+    def after_launch(self, ordinal: int, writes: list[tuple[object, Any]]) -> None:
         """After a launch: its snapshots, then the signals of the gates whose `first` it is."""
         self._snapshot(ordinal, writes)
         if self._signal_due is not None:
@@ -728,16 +579,8 @@ class Recorder:
     def on_free(self, ptr: int) -> None:
         """The storage at `ptr` allocated while recording was freed (see the module doc): a write of the whole
         block on the stream it was allocated on, and a storage at `ptr` after it is a new one."""
-        watched = self._watched.pop(ptr, None)
-        if watched is not None:
-            self._address_of.pop(watched[1], None)
-        epoch = self._epochs.get(ptr, 0)
-        self._epochs[ptr] = epoch + 1
-        stream = self._alloc_stream.pop(ptr, None)
-        key = self._keys.get((ptr, epoch))
-        recorded_stream = ptr in self._recorded_streams
-        self._recorded_streams.discard(ptr)
-        if self.paused or key is None or stream is None or recorded_stream:
+        key, stream, record_stream = self.storage_table.end_epoch(ptr)
+        if self.paused or key is None or stream is None or record_stream:
             return
         storage = self.record.trace.storages[key]
         ops = self.record.trace.ops
@@ -747,7 +590,7 @@ class Recorder:
 
     def on_record_stream(self, tensor: Any) -> None:
         """`tensor.record_stream(s)` defers the block's reuse: its free is then not modelled (see docs/trace.md)."""
-        self._recorded_streams.add(tensor.untyped_storage().data_ptr())
+        self.storage_table.recorded_streams.add(tensor.untyped_storage().data_ptr())
 
     def host_access(self, kernel: str, reads: list[Any], writes: list[Any]) -> None:
         """The host read or wrote pinned memory itself (an op on CPU tensors of a GPU run)."""
@@ -805,29 +648,31 @@ class Recorder:
         return self.launch(kernel, kind, call, reads, writes)
 
 
-def fast_constants() -> tuple[Any, ...]:
-    """What the C++ fast path's `configure` takes (its `Constant` enum, in this order): the trace's types and
+ACTIVE: list[Recorder] = []
+"""The recorders recording now, innermost last (`racefuzz.trace.capture.recording` pushes and pops them)."""
+
+
+def active() -> Recorder | None:
+    """The innermost recorder recording now, or None."""
+    return ACTIVE[-1] if ACTIVE else None
+
+
+def fast_constants() -> dict[str, Any]:
+    """What the C++ fast path's `configure` takes, by name (its `CONSTANT_FIELDS`): the trace's types and
     `user_source`'s caches and helpers."""
-    return (
-        TraceLaunch,
-        Access,
-        Storage,
-        _LIBRARY_CODE,
-        _SOURCES,
-        _code_is_library,
-        _frame_source,
-        "torch",
-        "free",
-        "copy",
-        TraceStreamSync,
-    )
-
-
-def _storage_freed(recorder_ref: Callable[[], Recorder | None], ptr: int, _storage_ref: Any) -> None:
-    """The callback of a watched storage's weak reference: its free, if its recorder is still recording."""
-    recorder = recorder_ref()
-    if recorder is not None and recorder.active:
-        recorder.on_free(ptr)
+    return {
+        "trace_launch": TraceLaunch,
+        "access": Access,
+        "storage": Storage,
+        "library_code": sources.LIBRARY_CODE,
+        "sources": sources.SOURCES,
+        "code_is_library": sources.code_is_library,
+        "frame_source": sources.frame_source,
+        "kind_torch": "torch",
+        "kind_free": "free",
+        "kind_copy": "copy",
+        "trace_stream_sync": TraceStreamSync,
+    }
 
 
 def _to_host(value: Any) -> Any:

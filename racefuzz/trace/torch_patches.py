@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from threading import get_ident
 from typing import Any
 
-from racefuzz.trace import graphs
+from racefuzz.trace import graphs, torch_mode
 from racefuzz.trace.env import VirtualEvent, VirtualStream
+from racefuzz.trace.recorder import active
 
 _ABSENT = object()
 
@@ -99,17 +100,9 @@ READ_BACK_KERNELS = {"tolist": "Tensor.tolist (device-to-host copy)", "numpy": "
 """Their kernel names in a CPU run: the copy a GPU run makes of a device tensor, on the current stream."""
 
 
-def _no_recorder() -> Any:
-    return None
-
-
-_active: Callable[[], Any] = _no_recorder
-"""`racefuzz.trace.capture.active`, handed over by `installed` (this module is capture's: no import back)."""
-
-
 def _recorder() -> Any:
     """The active recorder if it records on this thread and is not paused, else None."""
-    recorder = _active()
+    recorder = active()
     if recorder is None or recorder.paused or recorder.thread != get_ident():
         return None
     return recorder
@@ -121,12 +114,9 @@ def _cpu_recorder() -> Any:
 
 
 @contextlib.contextmanager
-def installed(on_gpu: bool, active: Callable[[], Any]) -> Iterator[None]:
+def installed(on_gpu: bool) -> Iterator[None]:
     """The patches one recording needs, for its duration: the host reads always, the stream API in a CPU
-    run (a GPU run's `torch.cuda` stays torch's, with `racefuzz.trace.capture`'s permanent patches).
-    `active()` gives the recording's recorder (`racefuzz.trace.capture.active`)."""
-    global _active
-    _active = active
+    run (a GPU run's `torch.cuda` stays torch's, with `racefuzz.trace.cuda_api`'s permanent patches)."""
     with _HOST_READS.on():
         if on_gpu:
             yield
@@ -284,7 +274,7 @@ def _install_graph_api(patches: _Patches, torch: Any) -> None:
             self._pool = (0, next(pools))
 
         def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
-            graphs.begin(_recording("CUDAGraph.capture_begin"))
+            graphs.begin(_recording("CUDAGraph.capture_begin"), torch_mode.capture_mode)
 
         def capture_end(self) -> None:
             graphs.end(_recording("CUDAGraph.capture_end"), self)

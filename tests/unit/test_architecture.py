@@ -182,8 +182,8 @@ def test_the_tree_was_found() -> None:
     assert len(GENERIC) > 20
     # The edges are the imports: spot checks of the two kinds of `from ... import ...`.
     assert "racefuzz.hb" in GRAPH["racefuzz.sim"]  # a name taken from a module
-    assert "racefuzz.trace.fastpath" in GRAPH["racefuzz.trace.capture"]  # a submodule taken from a package
-    assert "racefuzz.trace" not in GRAPH["racefuzz.trace.capture"]
+    assert "racefuzz.trace.fastpath" in GRAPH["racefuzz.trace.torch_mode"]  # a submodule taken from a package
+    assert "racefuzz.trace" not in GRAPH["racefuzz.trace.torch_mode"]
 
 
 def test_the_circle_finder_finds_circles() -> None:
@@ -228,6 +228,34 @@ def test_the_recorder_imports_neither_the_face_nor_the_search() -> None:
     offenders = {name: _imports_any(name, (*FACE, "racefuzz.search")) for name in trace}
     offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, offenders
+
+
+RECORDER_FRONTENDS = (
+    "racefuzz.trace.capture",
+    "racefuzz.trace.torch_mode",
+    "racefuzz.trace.cuda_api",
+    "racefuzz.trace.triton_launches",
+    "racefuzz.trace.torch_patches",
+)
+"""What installs the recorder's hooks into torch, `torch.cuda` and Triton, and reports to the recorder."""
+
+RECORDER_CORE = ("racefuzz.trace.recorder", "racefuzz.trace.storages", "racefuzz.trace.sources")
+"""What the frontends report to: the recorder, its storage table, its source lines."""
+
+OP_ANALYSIS = ("racefuzz.trace.op_schemas", "racefuzz.trace.sync_rules")
+"""Read and write sets and host syncs from an op's schema: analysis of an op, of no recorder."""
+
+
+def test_the_recorder_does_not_import_its_frontends_nor_the_op_analysis_the_recorder() -> None:
+    """The frontends call the recorder, never the other way; the op analysis knows neither (CSAN's
+    `ArgumentHandler` knows no `EventHandler`)."""
+    for name in (*RECORDER_CORE, *OP_ANALYSIS):
+        assert name in GRAPH, name
+    offenders = {name: sorted(GRAPH[name] & {*RECORDER_FRONTENDS}) for name in RECORDER_CORE}
+    offenders |= {name: sorted(GRAPH[name] & {*RECORDER_FRONTENDS, *RECORDER_CORE}) for name in OP_ANALYSIS}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, offenders
+    assert not _imports_any("racefuzz.trace.sync_rules", ("torch",))  # the tensor type is handed in
 
 
 def test_the_pure_core_does_not_import_the_backends() -> None:

@@ -121,7 +121,7 @@ def test_a_storage_grown_in_place_frees_its_old_block_then():
     add = next(op for op in ops if getattr(op, "kernel", "") == "aten.add.out")
     assert free.index == add.index - 1  # freed when the op grew it, before its launch
     assert free.writes[0].storage != add.writes[0].storage  # the old block, not the new one
-    assert set(recorder._watched) >= {after} and before not in recorder._watched
+    assert set(recorder.storage_table.watched) >= {after} and before not in recorder.storage_table.watched
 
 
 def test_an_allocation_inside_an_opaque_launch_is_freed_on_its_stream():
@@ -154,7 +154,7 @@ def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_stora
         del buffer  # freed: a write of the whole block on forward, unordered after the fill
         # A block at that address from now on is a new storage (malloc may or may not hand it out again
         # here; tests/cuda checks the caching allocator's reuse).
-        assert recorder._keys.get((ptr, recorder._epochs[ptr])) is None
+        assert recorder.storage_table.keys.get((ptr, recorder.storage_table.epochs[ptr])) is None
         with env.use(forward):
             _reused = torch.zeros(1 << 16)  # forward's next allocation: where the freed block may be reused
     ops = recorder.record.trace.ops
@@ -687,11 +687,11 @@ def test_the_recording_overhead_pairs_each_round_with_its_own_plain_run():
 
 
 def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(monkeypatch):
-    """`cuda_api_unpatched` restores what each patched owner had (deleting an attribute the patch added to a
+    """`cuda_api.unpatched` restores what each patched owner had (deleting an attribute the patch added to a
     subclass, so the base's method shows through) and re-installs the patches after, even on an error."""
     from types import SimpleNamespace
 
-    from racefuzz.trace import capture
+    from racefuzz.trace import cuda_api
 
     class Base:
         def record(self) -> str:
@@ -702,13 +702,13 @@ def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(m
             return "torch's wait"
 
     module = SimpleNamespace(synchronize=lambda: "torch's synchronize")
-    originals = [(Event, "record", capture._ABSENT), (Event, "wait", Event.__dict__["wait"])]
+    originals = [(Event, "record", cuda_api.ABSENT), (Event, "wait", Event.__dict__["wait"])]
     originals.append((module, "synchronize", module.synchronize))
-    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", originals)
+    monkeypatch.setattr(cuda_api, "ORIGINALS", originals)
     Event.record = lambda self: "patched record"
     Event.wait = lambda self: "patched wait"
     module.synchronize = lambda: "patched synchronize"
-    with capture.cuda_api_unpatched():
+    with cuda_api.unpatched():
         assert (Event().record(), Event().wait(), module.synchronize()) == (
             "torch's record",
             "torch's wait",
@@ -720,11 +720,11 @@ def test_the_cost_baseline_takes_racefuzzs_cuda_patches_out_and_puts_them_back(m
         "patched wait",
         "patched synchronize",
     )
-    with pytest.raises(RuntimeError, match="the baseline failed"), capture.cuda_api_unpatched():
+    with pytest.raises(RuntimeError, match="the baseline failed"), cuda_api.unpatched():
         raise RuntimeError("the baseline failed")
     assert Event().record() == "patched record"
-    monkeypatch.setattr(capture, "_CUDA_API_ORIGINALS", [])
-    with capture.cuda_api_unpatched():  # no patches installed: nothing to take out
+    monkeypatch.setattr(cuda_api, "ORIGINALS", [])
+    with cuda_api.unpatched():  # no patches installed: nothing to take out
         assert Event().record() == "patched record"
 
 
@@ -772,7 +772,7 @@ def test_a_cpu_recorder_takes_a_grown_storages_old_address_for_a_new_storage():
         before = out.untyped_storage().data_ptr()
         out.resize_(0)
         torch.add(torch.ones(1 << 12), 1, out=out)  # grown: the old block may be handed out again
-    assert recorder._keys.get((before, recorder._epochs.get(before, 0))) is None
+    assert recorder.storage_table.keys.get((before, recorder.storage_table.epochs.get(before, 0))) is None
 
 
 def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
@@ -785,7 +785,7 @@ def test_the_recorder_knows_a_storage_it_accessed_until_its_block_is_freed():
         assert recorder.knows(seen) and recorder.knows(seen[2:]) and not recorder.knows(unseen)
         ptr = seen.untyped_storage().data_ptr()
         del seen  # its epoch ends: a tensor the allocator puts on that block again is another storage
-        assert recorder._epochs[ptr] == 1 and (ptr, 1) not in recorder._keys
+        assert recorder.storage_table.epochs[ptr] == 1 and (ptr, 1) not in recorder.storage_table.keys
 
 
 def test_a_copy_torch_made_out_of_sight_is_recorded_without_a_delay_point():
@@ -810,9 +810,9 @@ def test_a_new_allocation_forgets_an_old_blocks_record_stream():
     TraceEnv(recorder, "cpu")
     tensor = torch.zeros(4)
     ptr = tensor.untyped_storage().data_ptr()
-    recorder._recorded_streams.add(ptr)  # left by a block at this address that died unseen
+    recorder.storage_table.recorded_streams.add(ptr)  # left by a block at this address that died unseen
     recorder.allocated(tensor)
-    assert ptr not in recorder._recorded_streams
+    assert ptr not in recorder.storage_table.recorded_streams
 
 
 def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
@@ -827,7 +827,7 @@ def test_a_view_returned_by_an_opaque_launch_is_not_an_allocation():
         x = torch.zeros(16)  # allocated on the default stream
         with env.use(side):
             launch_kernel("viewer", launcher, x=x)
-    assert recorder._alloc_stream[x.untyped_storage().data_ptr()] == "default"
+    assert recorder.storage_table.alloc_streams[x.untyped_storage().data_ptr()] == "default"
 
 
 class _FakeCudaTensor:
@@ -853,14 +853,18 @@ class _FakeCudaTensor:
         return self._pinned
 
 
-def test_where_the_host_waits_in_a_copy_between_host_and_gpu(monkeypatch):
-    from racefuzz.trace import capture
+def _fake_sync_rules():
+    from racefuzz.trace.sync_rules import SyncRules
 
-    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+    return SyncRules(_FakeCudaTensor, frozenset({torch.bool, torch.uint8}))
+
+
+def test_where_the_host_waits_in_a_copy_between_host_and_gpu():
+    rules = _fake_sync_rules()
     gpu, cpu = _FakeCudaTensor(), _FakeCudaTensor(cuda=False)
 
     def copy_(dst, src, *, non_blocking=False, on_gpu=True):
-        return capture._syncs_in_copy((dst, src, non_blocking), {}, dst, on_gpu)
+        return rules.in_copy((dst, src, non_blocking), {}, dst, on_gpu)
 
     assert copy_(cpu, gpu) == "after"  # to the host: memcpy_and_sync is the last step
     assert copy_(gpu, cpu) == "after"  # to the device, nothing after the copy
@@ -872,18 +876,15 @@ def test_where_the_host_waits_in_a_copy_between_host_and_gpu(monkeypatch):
     assert copy_(_FakeCudaTensor(cuda=False, numel=0), _FakeCudaTensor(numel=0)) == ""  # copies nothing
     assert copy_(gpu, _FakeCudaTensor()) == ""  # device to device
     assert copy_(cpu, gpu, on_gpu=False) == ""  # a CPU run has no host/device copies
-    assert capture._syncs_in_copy((gpu,), {"non_blocking": True}, cpu, True) == ""  # `_to_copy`'s keyword
+    assert rules.in_copy((gpu,), {"non_blocking": True}, cpu, True) == ""  # `_to_copy`'s keyword
 
 
-def test_ops_that_count_sync_only_on_non_empty_device_tensors_in_a_gpu_run(monkeypatch):
-    from racefuzz.trace import capture
-
-    capture._torch_mode_class()  # sets the mask dtypes
-    monkeypatch.setattr(capture, "_Tensor", _FakeCudaTensor)
+def test_ops_that_count_sync_only_on_non_empty_device_tensors_in_a_gpu_run():
+    rules = _fake_sync_rules()
     gpu, cpu, empty = _FakeCudaTensor(), _FakeCudaTensor(cuda=False), _FakeCudaTensor(numel=0)
     mask, host_mask = _FakeCudaTensor(dtype=torch.bool), _FakeCudaTensor(cuda=False, dtype=torch.bool)
-    assert [capture._syncs_on_input((t,), {}, None, True) for t in (gpu, cpu, empty)] == ["before", "", ""]
-    assert capture._syncs_after_copy_out((gpu,), {}, None, True) == "after"
-    assert capture._syncs_after_copy_out((cpu,), {}, None, True) == ""
-    on_mask = [capture._syncs_on_mask((gpu, [None, index]), {}, None, True) for index in (mask, host_mask, gpu)]
+    assert [rules.on_input((t,), {}, None, True) for t in (gpu, cpu, empty)] == ["before", "", ""]
+    assert rules.after_copy_out((gpu,), {}, None, True) == "after"
+    assert rules.after_copy_out((cpu,), {}, None, True) == ""
+    on_mask = [rules.on_mask((gpu, [None, index]), {}, None, True) for index in (mask, host_mask, gpu)]
     assert on_mask == ["before", "", ""]  # a device boolean mask; not a host one, nor integer indices

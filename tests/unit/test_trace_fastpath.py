@@ -190,9 +190,9 @@ def counting_mode(seen: list[str]) -> type:
 
 def mode_calls(monkeypatch) -> list[str]:
     """The ops that reach racefuzz's dispatch mode from now on (its `__torch_dispatch__` counted)."""
-    from racefuzz.trace.capture import _torch_mode_class
+    from racefuzz.trace.torch_mode import trace_mode_class
 
-    mode_class, calls = _torch_mode_class(), []
+    mode_class, calls = trace_mode_class(), []
     original = mode_class.__torch_dispatch__
 
     def counted(self, func, types, args=(), kwargs=None):
@@ -361,14 +361,14 @@ def test_an_outer_mode_and_an_outer_recording_see_the_ops_of_an_inner_recording(
 
 
 def test_an_error_after_a_fast_launch_reaches_the_step_as_itself(monkeypatch):
-    original = Recorder._after
+    original = Recorder.after_launch
 
     def failing(self, ordinal, writes):
         if self.record.trace.ops[self.record.launch_ops[ordinal]].kernel == "aten.mul_.Tensor":  # a fast launch
             raise ValueError("the recorder's snapshot failed")
         return original(self, ordinal, writes)
 
-    monkeypatch.setattr(Recorder, "_after", failing)
+    monkeypatch.setattr(Recorder, "after_launch", failing)
     with pytest.raises(Exception) as raised:
         record(table_step, True, monkeypatch)
     assert_raised_in_the_step(raised.value, "the recorder's snapshot failed")
@@ -539,7 +539,7 @@ def test_an_error_in_the_recorder_under_the_dispatcher_entry_reaches_the_step(mo
     def failing(self, stream):
         raise ValueError("the recorder's delay failed")
 
-    monkeypatch.setattr(Recorder, "_delay", failing)
+    monkeypatch.setattr(Recorder, "delay", failing)
     with pytest.raises(Exception) as raised:
         record(table_step, True, monkeypatch, delays={("schedule", 0): 1.0})
     assert_raised_in_the_step(raised.value, "the recorder's delay failed")
@@ -577,6 +577,39 @@ def test_delays_on_the_cpu_are_applied_and_recorded_by_both_paths(monkeypatch):
     fast = record(table_step, True, monkeypatch, delays=delays)
     slow = record(table_step, False, monkeypatch, delays=delays)
     assert fast.delays_applied == slow.delays_applied and len(slow.delays_applied) == 2
+
+
+def test_the_recorder_and_the_build_exchange_the_same_named_fields():
+    from racefuzz.trace.recorder import fast_constants
+
+    module = fastpath.load()
+    assert set(Recorder("cpu").fast_state(object())) == set(module.STATE_FIELDS)
+    assert set(fast_constants()) == set(module.CONSTANT_FIELDS)
+    state = fastpath.pack_state(module, Recorder("cpu").fast_state(object()))
+    assert len(state) == len(module.STATE_FIELDS)
+
+
+def test_a_field_the_build_does_not_know_or_lacks_is_a_clear_error_not_a_misread_container():
+    from racefuzz.trace.recorder import fast_constants
+
+    module = fastpath.load()
+    fields = Recorder("cpu").fast_state(object())
+    renamed = {("epoch_of" if name == "epochs" else name): value for name, value in fields.items()}
+    with pytest.raises(
+        fastpath.FieldMismatch, match=r"the recorder's lack \['epochs'\], the build's lack \['epoch_of'\]"
+    ):
+        fastpath.pack_state(module, renamed)
+    with pytest.raises(TypeError, match="are not the fields this build expects"):
+        module.pack_state(renamed)  # the C++ checks too, for a caller that skips `fastpath.pack_state`
+    fewer = {name: value for name, value in fields.items() if name != "keep"}
+    with pytest.raises(TypeError, match="are not the fields this build expects"):
+        module.pack_state(fewer)
+    constants = fast_constants()
+    del constants["kind_copy"]
+    with pytest.raises(fastpath.FieldMismatch, match=r"the constants: the recorder's lack \['kind_copy'\]"):
+        fastpath.configure(module, None, None, constants)
+    with pytest.raises(TypeError, match="are not the fields this build expects"):
+        module.configure(None, None, constants)
 
 
 def test_without_the_fast_path_recording_says_why_once(monkeypatch, capsys):

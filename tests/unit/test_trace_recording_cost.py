@@ -114,7 +114,7 @@ def test_copies_allocations_and_decomposed_ops_are_recorded_below_the_mode_as_th
     monkeypatch, options
 ):
     from racefuzz.trace import fastpath
-    from racefuzz.trace.capture import _torch_mode_class
+    from racefuzz.trace.torch_mode import trace_mode_class
 
     if fastpath.load() is None:
         pytest.skip("the C++ fast path cannot be built here (see stderr)")
@@ -128,7 +128,7 @@ def test_copies_allocations_and_decomposed_ops_are_recorded_below_the_mode_as_th
     frees = {op.kernel: op.stream for op in fast.trace.ops if isinstance(op, TraceLaunch) and op.kind == "free"}
     assert frees["free(tmp6 (aten.fill_.Scalar))"] == "side"  # `scratch`'s block, allocated by `empty` there
 
-    mode_class = _torch_mode_class()
+    mode_class = trace_mode_class()
     original = mode_class.__torch_dispatch__
     seen: list[str] = []
 

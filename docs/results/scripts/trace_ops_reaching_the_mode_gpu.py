@@ -10,12 +10,13 @@ import collections
 import sys
 
 from ci.bench.proof import micro_step, out_of_place_step
-from racefuzz.trace.capture import _torch_mode_class, recording
+from racefuzz.trace.capture import recording
 from racefuzz.trace.env import TraceEnv
 from racefuzz.trace.recorder import Recorder
+from racefuzz.trace.torch_mode import trace_mode_class
 
 device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
-mode_class = _torch_mode_class()
+mode_class = trace_mode_class()
 original = mode_class.__torch_dispatch__
 reached: collections.Counter = collections.Counter()
 

@@ -13,7 +13,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ci.bench.proof import _plain_env, micro_step
-from racefuzz.trace.capture import _patch_cuda_api, recording
+from racefuzz.trace import cuda_api
+from racefuzz.trace.capture import recording
 from racefuzz.trace.env import TraceEnv
 from racefuzz.trace.recorder import Recorder
 
@@ -82,7 +83,7 @@ parts = {"micro": micro_step, "ops_only": ops_only, "waits_only": waits_only, "u
 print("phase 1: racefuzz's torch.cuda patches NOT installed")
 for name, fn in parts.items():
     print(f"  {name:10s} plain={timed(fn):7.2f} empty_mode={timed(fn, 'empty'):7.2f} us/op")
-_patch_cuda_api()
+cuda_api.patch()
 print("phase 2: racefuzz's torch.cuda patches installed (no active recorder unless rec)")
 for name, fn in parts.items():
     print(f"  {name:10s} plain={timed(fn):7.2f} empty_mode={timed(fn, 'empty'):7.2f} rec={timed(fn, 'rec'):7.2f} us/op")

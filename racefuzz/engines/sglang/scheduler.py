@@ -235,16 +235,16 @@ _GPU_WRAPPERS = {
     "stream_done": "query",
     "pooled_wait_stream": "wait_stream",
 }
-"""On a GPU the recorder replaces torch.cuda's methods with these (`racefuzz/trace/capture.py`): a call
+"""On a GPU the recorder replaces torch.cuda's methods with these (`racefuzz/trace/cuda_api.py`): a call
 of one from sglang's code is a call of the method it stands for."""
-_CAPTURE_FILE = os.path.join("racefuzz", "trace", "capture.py")
+_CUDA_API_FILE = os.path.join("racefuzz", "trace", "cuda_api.py")
 
 
 def _sync_method(code: Any) -> str | None:
     """The stream/event method `code` is (see `SYNC_CALLS`), or None."""
     if code.co_name in SYNC_CALLS and code.co_filename.endswith(_SYNC_FILES):
         return code.co_name
-    if code.co_filename.endswith(_CAPTURE_FILE):
+    if code.co_filename.endswith(_CUDA_API_FILE):
         return _GPU_WRAPPERS.get(code.co_name)
     return None
 
