@@ -267,6 +267,20 @@ def test_0_33_0_is_clean_beside_a_caught_control(tmp_path_factory: pytest.TempPa
     assert run["forwards"] >= 6 and run["host_accesses"] > 0
 
 
+def test_two_runs_of_one_workload_sample_the_same_tokens() -> None:
+    """The fixed workload's request b samples at temperature 1: two runs of it in one process (the state of
+    torch's generator moved on by the first) give the same outputs, as a replay of it expects."""
+    from racefuzz.commands.vllm import run_harness
+    from racefuzz.engines.vllm.workload import FIXED
+
+    path = _sources_or_skip("0.33.0")
+    result = run_harness(path, [FIXED.to_json(), FIXED.to_json()], False, "0.33.0", 600)
+    assert result["status"] == "ok", result.get("error")
+    first, second = (run["outputs"] for run in result["runs"])
+    assert any(request.random for request in FIXED.requests) and first["b"]
+    assert first == second
+
+
 def test_model_runner_v2s_pinned_ring_races_only_with_a_speculator_beside_a_caught_control(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

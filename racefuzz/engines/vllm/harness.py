@@ -65,6 +65,10 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
     target = torch.device(device, 0)
 
     def step(env: Any) -> None:
+        # The sampled requests (temperature 1) draw from torch's global generator: seeded, two runs of one
+        # workload sample the same tokens (their `outputs` agree), as a replay expects. vLLM's own per-request
+        # generators (`SamplingParams.seed`) would change which of its code runs; the global seed does not.
+        torch.manual_seed(0)
         # On a GPU the recorder tells host from device itself (a pinned CPU tensor's op is the host's).
         host = HostTensors().recorded() if device == "cpu" else contextlib.nullcontext()
         with host, vllm_runner.device_generic_events():
