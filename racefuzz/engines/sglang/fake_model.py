@@ -233,6 +233,7 @@ class FakeTpWorker(_Strict):
         read_done: str = "none",
         attention: str = "flashinfer",
         radix_cache: bool = True,
+        page_size: int = 1,
     ) -> None:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -254,9 +255,9 @@ class FakeTpWorker(_Strict):
         self.forwards = 0
         self.req_to_token_pool = ReqToTokenPool(pool_rows, context_len, self.device, False)
         env.name(self.req_to_token_pool.req_to_token, "req_to_token")
-        self.token_to_kv_pool_allocator = adapter.make_allocator(kv_tokens, self.device)
+        self.page_size = page_size
+        self.token_to_kv_pool_allocator = adapter.make_allocator(kv_tokens, self.device, page_size)
         self.forward_stream = sgl.device_module.Stream()
-        self.page_size = 1
         self.max_total_num_tokens = kv_tokens
         self.max_running_requests = pool_rows
         self.dflash = bool(getattr(self.spec_algorithm, "is_dflash", lambda: False)())
@@ -268,7 +269,9 @@ class FakeTpWorker(_Strict):
         self.callers: set[str] = set()
         self.read_sites: list[tuple[int, str]] = []
         """(trace position, sglang's callers) of every `read_kv_indices`: which phase a race's read was."""
-        self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache)
+        self.tree_cache = adapter.make_radix_cache(
+            self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache, page_size
+        )
 
     # -- what the scheduler's init reads --------------------------------------------------------------
     def get_worker_info(self) -> tuple[Any, ...]:
