@@ -331,7 +331,9 @@ class FakeTpWorker(_Strict):
         inside it (`gpu.triton_kv_indices`). The same annotation either way: the rows are exact. With
         `attention="fa3"` every row is read to the batch's longest length (FA3's eager page table,
         `flashattention_backend.py` `req_to_token[req_pool_indices, :max_seq_len_k]`), and the columns past
-        a row's own length are masked afterwards, in the private table, as FA3's kernel masks them."""
+        a row's own length are masked afterwards, in the private table, as FA3's kernel masks them. The read
+        is token by token at any page size: FA3's eager page table reads this rectangle and keeps every
+        page's first entry afterwards, in its copy (0.5.23 flashattention_backend.py:1004, :1330)."""
         own = lengths
         if self.attention == "fa3" and int(req_pool_indices.shape[0]) > 0:
             lengths = lengths.max().expand(int(req_pool_indices.shape[0])).contiguous()  # no host read
