@@ -94,6 +94,14 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "with it; repeated, with --workload drawn or search, Hypothesis draws one of them per workload",
     )
     parser.add_argument(
+        "--cuda-graph",
+        choices=("off", "on", "drawn"),
+        default="off",
+        help="decodes replayed from CUDA graphs through sglang's DecodeCudaGraphRunner.execute (racefuzz's CPU "
+        "stand-ins for capture and replay): off (default, eager), on, or drawn per workload (--workload drawn "
+        "or search)",
+    )
+    parser.add_argument(
         "--read-done",
         choices=("none", "after", "before"),
         default="none",
@@ -192,6 +200,18 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
         raise InvalidArgument("--page-size more than once needs --workload drawn or search (one page size per run)")
     if page_sizes != (1,) and spec != "none":
         raise InvalidArgument("--page-size above 1 needs --spec none (DFLASH is driven with page size 1 only)")
+    from racefuzz.engines.sglang.workload import CUDA_GRAPHS
+
+    cuda_graphs = CUDA_GRAPHS[getattr(args, "cuda_graph", "off")]
+    if len(cuda_graphs) > 1 and args.workload not in ("drawn", "search"):
+        raise InvalidArgument("--cuda-graph drawn needs --workload drawn or search (one setting per run)")
+    if cuda_graphs != (False,):
+        if spec != "none":
+            raise InvalidArgument("--cuda-graph needs --spec none (decode graphs are replayed only without DFLASH)")
+        if args.read_done != "none":
+            raise InvalidArgument("--cuda-graph needs --read-done none (sglang's graph runner publishes its own event)")
+        if device != "cpu":
+            raise InvalidArgument("--cuda-graph runs on the CPU (racefuzz's graph stand-ins; not run on a GPU yet)")
     if args.workload == "search":  # drawn, shrunk, saved in one process per version
         from racefuzz.engines.sglang.search import search_command
 
@@ -202,7 +222,15 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     if mixed_chunk and spec != "none":
         raise InvalidArgument("--mixed-chunk needs --spec none (the harness mixes chunks without speculative decoding)")
     workloads = with_spec(
-        workloads_for(args.workload, args.examples, args.seed, getattr(args, "max_output", 6), mixed_chunk, page_sizes),
+        workloads_for(
+            args.workload,
+            args.examples,
+            args.seed,
+            getattr(args, "max_output", 6),
+            mixed_chunk,
+            page_sizes=page_sizes,
+            cuda_graphs=cuda_graphs,
+        ),
         spec,
         plan_stream,
         getattr(args, "attention", "flashinfer"),
@@ -266,15 +294,18 @@ def workloads_for(
     max_output: int = 6,
     mixed_chunk: bool = False,
     page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
 ) -> list[dict[str, Any]]:
     """`--workload`'s value as the harness's workload list: `fixed`, `mixed-chunk`, `drawn` (`examples` of
     them from `seed`, mixed chunked prefill ones with `mixed_chunk`, their page sizes drawn from
     `page_sizes`), or a JSON file of one workload; a fixed or file workload runs with the one page size of
-    `page_sizes` when it is not 1 (else its own). An `InvalidArgument` otherwise."""
+    `page_sizes` when it is not 1 (else its own), and with its decodes in CUDA graphs when `cuda_graphs` is
+    `(True,)`. An `InvalidArgument` otherwise."""
     from racefuzz.engines.sglang.workload import FIXED, MIXED_CHUNK, Workload
 
     if workload == "drawn":
-        return [w.to_json() for w in draw_workloads(examples, seed, max_output, mixed_chunk, page_sizes)]
+        drawn = draw_workloads(examples, seed, max_output, mixed_chunk, page_sizes, cuda_graphs)
+        return [w.to_json() for w in drawn]
     if workload == "fixed":
         chosen = FIXED
     elif workload == "mixed-chunk":
@@ -292,6 +323,8 @@ def workloads_for(
             chosen = chosen.with_page_size(page_sizes[0])
         except ValueError as exc:
             raise InvalidArgument(f"--page-size {page_sizes[0]}: {exc}") from None
+    if cuda_graphs == (True,):
+        chosen = chosen.with_cuda_graph(True)
     return [chosen.to_json()]
 
 
@@ -332,11 +365,16 @@ def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def draw_workloads(
-    count: int, seed: int, max_output: int = 6, mixed_chunk: bool = False, page_sizes: tuple[int, ...] = (1,)
+    count: int,
+    seed: int,
+    max_output: int = 6,
+    mixed_chunk: bool = False,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
 ) -> list[Any]:
     """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
     (fewer only if twice as many draws did not find that many); mixed chunked prefill ones with
-    `mixed_chunk`; their page sizes drawn from `page_sizes`."""
+    `mixed_chunk`; their page sizes drawn from `page_sizes`, their CUDA-graph setting from `cuda_graphs`."""
     import contextlib
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -358,7 +396,7 @@ def draw_workloads(
         suppress_health_check=list(HealthCheck),
         phases=(Phase.generate,),
     )
-    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk, page_sizes=page_sizes))
+    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk, page_sizes=page_sizes, cuda_graphs=cuda_graphs))
     def collect(workload: Any) -> None:
         if len(drawn) >= count:
             raise Enough

@@ -234,6 +234,7 @@ class FakeTpWorker(_Strict):
         attention: str = "flashinfer",
         radix_cache: bool = True,
         page_size: int = 1,
+        cuda_graph: bool = False,
     ) -> None:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -272,6 +273,11 @@ class FakeTpWorker(_Strict):
         self.tree_cache = adapter.make_radix_cache(
             self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache, page_size
         )
+        self.graphs: Any = None
+        if cuda_graph:  # captured at init, as sglang's init_all_cuda_graphs does (graph_runner.py)
+            from racefuzz.engines.sglang.graph_runner import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, range(1, pool_rows + 1))
 
     # -- what the scheduler's init reads --------------------------------------------------------------
     def get_worker_info(self) -> tuple[Any, ...]:
@@ -394,6 +400,9 @@ class FakeTpWorker(_Strict):
         self.callers.add(_caller(sys._getframe(1)))
         if kwargs.get("is_verify"):
             return self._verify_forward(kwargs["forward_batch"])
+        if self.graphs is not None and self.graphs.runs(batch):  # sglang's DecodeCudaGraphRunner.execute
+            logits = self.graphs.forward(batch)
+            return self.adapter.make_result(logits, torch.argmax(logits, dim=-1), None)
         req_pool_indices = batch.req_pool_indices
         seq_lens = batch.seq_lens
         bs = int(req_pool_indices.shape[0])

@@ -163,6 +163,7 @@ def build_and_run(
                 attention=workload.attention,
                 radix_cache=workload.radix_cache,
                 page_size=workload.page_size,
+                cuda_graph=workload.cuda_graph,
             )
             worker_holder["worker"] = worker
             self.tp_worker = worker

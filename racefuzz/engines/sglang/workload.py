@@ -83,6 +83,7 @@ class Workload:
     chunked_prefill: int = 0
     mixed_chunk: bool = False
     page_size: int = 1
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.spec not in SPECS:
@@ -100,6 +101,8 @@ class Workload:
         check_page_size(self.page_size)
         if self.page_size > 1 and self.spec != "none":
             raise ValueError("page_size above 1 needs spec none (DFLASH is driven with page size 1 only)")
+        if self.cuda_graph and self.spec != "none":
+            raise ValueError("cuda_graph needs spec none (the harness replays decode graphs only without DFLASH)")
         if self.chunked_prefill % self.page_size:
             raise ValueError(
                 f"chunked_prefill ({self.chunked_prefill}) must be a multiple of page_size ({self.page_size}), "
@@ -115,6 +118,7 @@ class Workload:
             f", chunks of {self.chunked_prefill}{' mixed' if self.mixed_chunk else ''}" if self.chunked_prefill else ""
         )
         pages = f", pages of {self.page_size}" if self.page_size > 1 else ""
+        pages += ", decode in CUDA graphs" if self.cuda_graph else ""
         return (
             f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows"
             f"{spec}{backend}{radix}{chunk}{pages}"
@@ -138,6 +142,8 @@ class Workload:
             data["mixed_chunk"] = self.mixed_chunk
         if self.page_size > 1:  # absent: page size 1 (files written before the field read as they did)
             data["page_size"] = self.page_size
+        if self.cuda_graph:  # absent: eager decode, as files written before the field
+            data["cuda_graph"] = True
         return data
 
     @staticmethod
@@ -153,6 +159,7 @@ class Workload:
             int(data.get("chunked_prefill", 0)),
             bool(data.get("mixed_chunk", False)),
             int(data.get("page_size", 1)),
+            bool(data.get("cuda_graph", False)),
         )
 
     def with_spec(
@@ -171,6 +178,10 @@ class Workload:
     def with_page_size(self, page_size: int) -> Workload:
         """This request stream with KV pages of `page_size` tokens (a chunk size, if any, must divide by it)."""
         return replace(self, page_size=page_size)
+
+    def with_cuda_graph(self, cuda_graph: bool) -> Workload:
+        """This request stream with its decodes replayed from CUDA graphs, or eager."""
+        return replace(self, cuda_graph=cuda_graph)
 
 
 FIXED = Workload(
@@ -201,12 +212,18 @@ decode two iterations before) goes in the same `run_batch` (`record_batch_in_ove
 was enqueued and before anything waited for it."""
 
 
+CUDA_GRAPHS = {"off": (False,), "on": (True,), "drawn": (False, True)}
+"""`racefuzz sglang --cuda-graph`'s values as the settings `workloads(cuda_graphs=...)` draws from."""
 CHUNK_SIZES = (4, 8, 16)
 """The prefill chunks (tokens) `workloads(mixed_chunk=True)` draws from."""
 
 
 def workloads(
-    max_requests: int = 4, max_output: int = 6, mixed_chunk: bool = False, page_sizes: tuple[int, ...] = (1,)
+    max_requests: int = 4,
+    max_output: int = 6,
+    mixed_chunk: bool = False,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
 ) -> Any:
     """A Hypothesis strategy of `Workload`s: 1..max_requests requests, arrivals 0..4, prompts 1..40
     tokens, outputs 1..max_output tokens, 1..3 pool rows (fewer rows than requests forces row reuse).
@@ -215,19 +232,27 @@ def workloads(
     sizes drawn from (one: every workload has it; several: drawn per workload, shrinking toward the first;
     with `mixed_chunk` the chunk is then drawn among the multiples of the page, else the page itself). With
     the defaults the strategy draws what it drew before the page size was a dimension (the same examples for
-    the same seed)."""
+    the same seed). `cuda_graphs`: whether decodes replay CUDA graphs, drawn the same way (one value: every
+    workload; both: drawn per workload)."""
     from hypothesis import strategies as st
 
+    if not cuda_graphs:
+        raise ValueError("cuda_graphs must name at least one setting")
     for page_size in page_sizes:
         check_page_size(page_size)
     if not page_sizes:
         raise ValueError("page_sizes must name at least one page size")
     drawn = _mixed_workloads(max_requests, max_output, page_sizes) if mixed_chunk else _plain(max_requests, max_output)
-    if mixed_chunk or page_sizes == (1,):
+    if not mixed_chunk and page_sizes != (1,):
+        if len(page_sizes) == 1:
+            drawn = drawn.map(lambda w: w.with_page_size(page_sizes[0]))
+        else:
+            drawn = st.tuples(drawn, st.sampled_from(page_sizes)).map(lambda pair: pair[0].with_page_size(pair[1]))
+    if cuda_graphs == (False,):
         return drawn
-    if len(page_sizes) == 1:
-        return drawn.map(lambda w: w.with_page_size(page_sizes[0]))
-    return st.tuples(drawn, st.sampled_from(page_sizes)).map(lambda pair: pair[0].with_page_size(pair[1]))
+    if len(cuda_graphs) == 1:
+        return drawn.map(lambda w: w.with_cuda_graph(cuda_graphs[0]))
+    return st.tuples(drawn, st.sampled_from(cuda_graphs)).map(lambda pair: pair[0].with_cuda_graph(pair[1]))
 
 
 def _plain(max_requests: int, max_output: int) -> Any:
