@@ -6,9 +6,9 @@ sglang decodes under a graph runner's replay on a GPU. On the CPU its own graph 
 only with `enable_torch_compile` (0.5.23 `model_executor/model_runner_components/cuda_graph_setup.py`
 :735, :774; 0.5.15 `model_executor/model_runner.py:ModelRunner.init_decode_cuda_graph`, :2637), and
 `DecodeCudaGraphRunner.__init__` / `capture` (0.5.23 `model_executor/runner/decode_cuda_graph_runner.py`
-:275, :1249) capture `model_runner.model`'s forward with the attention backend's capture hooks, which the
-fake worker has not (no model, no backend). What does run on the CPU is the replay path, on a stand-in
-runner (as `read_done.py` drives it):
+:275, :1249; `capture_one_shape`, :1368) capture the attention backend's capture-time metadata and
+`model_runner.model`'s forward, which the fake worker has not (no model, no backend). What does run on
+the CPU is the replay path, on a stand-in runner (as `read_done.py` drives it):
 
 * **sglang's**: `DecodeCudaGraphRunner.execute` (0.5.15 :1009, 0.5.23 :1981) and, where the version has
   them, `_resolve_shared_read_ends`, `_replay_attn_backend`, `_publish_read_done`,
