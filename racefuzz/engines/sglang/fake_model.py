@@ -19,7 +19,8 @@ speculative algorithm supports it; the decode fast path is the CUDA-graph runner
 reads into the runner's read-done slot (what a backend with a read-done fence does: the barrier's fast
 path `schedule_stream.wait_event(ev)` then runs); `read_done="before"` records it before the reads (a
 wrong publisher: the fast path then trusts an event that precedes the reads, a race the harness must
-report).
+report). With `cuda_graph` its decodes go through `graph_runner.py` instead: graphs captured at init and
+replayed by sglang's `DecodeCudaGraphRunner.execute`, which publishes the version's own read-done event.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ goes in one forward) and whether a prefill is mixed with the running decodes (`m
 `ScheduleBatch.mix_with_running` runs and the forward gathers the decodes' tokens by `mix_running_indices`,
 the path of sglang #34076), and the KV page size (`page_size`: sglang's `server_args.page_size`; above 1
 the pools are sglang's `PagedTokenToKVPoolAllocator` and a page-aligned `RadixCache`, and allocation runs
-sglang's paged paths, `get_last_loc` and `alloc_paged_token_slots_extend` / `_decode`).
+sglang's paged paths: the decode's last-slot read and `alloc_paged_token_slots_extend` / `_decode`), and
+whether decodes replay CUDA graphs (`cuda_graph`: the fake worker's captured graphs, replayed through
+sglang's `DecodeCudaGraphRunner.execute`, `graph_runner.py`).
 """
 
 from __future__ import annotations
