@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sglang's own overlap loop on a GPU host without network (racefuzz sglang --device cuda, docs/sglang.md).
+# sglang's own overlap loop on a GPU host without network (racefuzz sglang --device cuda, docs/sglang-gpu.md).
 #
 # Run from the repository root, with what `racefuzz sglang pack` made here carried along in .carry/:
 #   .carry/sglang-X.tar.gz   one slim source archive per version (racefuzz sglang pack --version X --out ...)

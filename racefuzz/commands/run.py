@@ -146,7 +146,7 @@ def example_database(spec: str | None):
         module_name, _, attr = spec.partition(":")
         try:
             obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty module name (":x")
             raise InvalidArgument(f"--database {spec}: {exc}") from None
         if not isinstance(obj, ExampleDatabase):
             raise InvalidArgument(f"--database {spec}: not a hypothesis.database.ExampleDatabase")

@@ -85,6 +85,24 @@ def add_parser(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "needs rows decoding together for several steps)",
     )
     parser.add_argument(
+        "--page-size",
+        dest="page_sizes",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="KV pages of N tokens (sglang's page_size; a power of two up to 64; default 1): every workload runs "
+        "with it; repeated, with --workload drawn or search, Hypothesis draws one of them per workload",
+    )
+    parser.add_argument(
+        "--cuda-graph",
+        choices=("off", "on", "drawn"),
+        default="off",
+        help="decodes replayed from CUDA graphs through sglang's DecodeCudaGraphRunner.execute (racefuzz's CPU "
+        "stand-ins for capture and replay): off (default, eager), on, or drawn per workload (--workload drawn "
+        "or search)",
+    )
+    parser.add_argument(
         "--read-done",
         choices=("none", "after", "before"),
         default="none",
@@ -166,6 +184,32 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     plan_stream = bool(getattr(args, "plan_stream", False))
     if plan_stream and spec != "dflash":
         raise InvalidArgument("--plan-stream needs --spec dflash (only DFLASH's prepare_for_decode has a plan stream)")
+    page_sizes = tuple(getattr(args, "page_sizes", None) or (1,))
+    from racefuzz.engines.sglang.workload import check_page_size
+
+    for page_size in page_sizes:
+        try:
+            check_page_size(page_size)
+        except ValueError as exc:
+            raise InvalidArgument(f"--page-size: {exc}") from None
+    if len(set(page_sizes)) != len(page_sizes):
+        raise InvalidArgument(f"--page-size: each page size once, got {', '.join(map(str, page_sizes))}")
+    if len(page_sizes) > 1 and args.workload not in ("drawn", "search"):
+        raise InvalidArgument("--page-size more than once needs --workload drawn or search (one page size per run)")
+    if page_sizes != (1,) and spec != "none":
+        raise InvalidArgument("--page-size above 1 needs --spec none (DFLASH is driven with page size 1 only)")
+    from racefuzz.engines.sglang.workload import CUDA_GRAPHS
+
+    cuda_graphs = CUDA_GRAPHS[getattr(args, "cuda_graph", "off")]
+    if len(cuda_graphs) > 1 and args.workload not in ("drawn", "search"):
+        raise InvalidArgument("--cuda-graph drawn needs --workload drawn or search (one setting per run)")
+    if cuda_graphs != (False,):
+        if spec != "none":
+            raise InvalidArgument("--cuda-graph needs --spec none (decode graphs are replayed only without DFLASH)")
+        if args.read_done != "none":
+            raise InvalidArgument("--cuda-graph needs --read-done none (sglang's graph runner publishes its own event)")
+        if device != "cpu":
+            raise InvalidArgument("--cuda-graph runs on the CPU (racefuzz's graph stand-ins; not run on a GPU yet)")
     if args.workload == "search":  # drawn, shrunk, saved in one process per version
         from racefuzz.engines.sglang.search import search_command
 
@@ -176,7 +220,15 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
     if mixed_chunk and spec != "none":
         raise InvalidArgument("--mixed-chunk needs --spec none (the harness mixes chunks without speculative decoding)")
     workloads = with_spec(
-        workloads_for(args.workload, args.examples, args.seed, getattr(args, "max_output", 6), mixed_chunk),
+        workloads_for(
+            args.workload,
+            args.examples,
+            args.seed,
+            getattr(args, "max_output", 6),
+            mixed_chunk,
+            page_sizes=page_sizes,
+            cuda_graphs=cuda_graphs,
+        ),
         spec,
         plan_stream,
         getattr(args, "attention", "flashinfer"),
@@ -205,26 +257,44 @@ def sglang_command(args: argparse.Namespace) -> ExitCode:
 
 
 def workloads_for(
-    workload: str, examples: int = 10, seed: int = 0, max_output: int = 6, mixed_chunk: bool = False
+    workload: str,
+    examples: int = 10,
+    seed: int = 0,
+    max_output: int = 6,
+    mixed_chunk: bool = False,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
 ) -> list[dict[str, Any]]:
     """`--workload`'s value as the harness's workload list: `fixed`, `mixed-chunk`, `drawn` (`examples` of
-    them from `seed`, mixed chunked prefill ones with `mixed_chunk`), or a JSON file of one workload; an
-    `InvalidArgument` otherwise."""
+    them from `seed`, mixed chunked prefill ones with `mixed_chunk`, their page sizes drawn from
+    `page_sizes`), or a JSON file of one workload; a fixed or file workload runs with the one page size of
+    `page_sizes` when it is not 1 (else its own), and with its decodes in CUDA graphs when `cuda_graphs` is
+    `(True,)`. An `InvalidArgument` otherwise."""
     from racefuzz.engines.sglang.workload import FIXED, MIXED_CHUNK, Workload
 
-    if workload == "fixed":
-        return [FIXED.to_json()]
-    if workload == "mixed-chunk":
-        return [MIXED_CHUNK.to_json()]
     if workload == "drawn":
-        return [w.to_json() for w in draw_workloads(examples, seed, max_output, mixed_chunk)]
-    path = Path(workload)
-    if not path.is_file():
-        raise InvalidArgument(f"--workload: expected fixed, mixed-chunk, drawn or a JSON file, got {workload!r}")
-    try:
-        return [Workload.from_json(json.loads(path.read_text())).to_json()]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidArgument(f"--workload {path}: not a workload ({type(exc).__name__}: {exc})") from None
+        drawn = draw_workloads(examples, seed, max_output, mixed_chunk, page_sizes, cuda_graphs)
+        return [w.to_json() for w in drawn]
+    if workload == "fixed":
+        chosen = FIXED
+    elif workload == "mixed-chunk":
+        chosen = MIXED_CHUNK
+    else:
+        path = Path(workload)
+        if not path.is_file():
+            raise InvalidArgument(f"--workload: expected fixed, mixed-chunk, drawn or a JSON file, got {workload!r}")
+        try:
+            chosen = Workload.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgument(f"--workload {path}: not a workload ({type(exc).__name__}: {exc})") from None
+    if page_sizes != (1,):
+        try:
+            chosen = chosen.with_page_size(page_sizes[0])
+        except ValueError as exc:
+            raise InvalidArgument(f"--page-size {page_sizes[0]}: {exc}") from None
+    if cuda_graphs == (True,):
+        chosen = chosen.with_cuda_graph(True)
+    return [chosen.to_json()]
 
 
 def with_spec(
@@ -263,10 +333,17 @@ def sync_counts(runs: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def draw_workloads(count: int, seed: int, max_output: int = 6, mixed_chunk: bool = False) -> list[Any]:
+def draw_workloads(
+    count: int,
+    seed: int,
+    max_output: int = 6,
+    mixed_chunk: bool = False,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
+) -> list[Any]:
     """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
     (fewer only if twice as many draws did not find that many); mixed chunked prefill ones with
-    `mixed_chunk`."""
+    `mixed_chunk`; their page sizes drawn from `page_sizes`, their CUDA-graph setting from `cuda_graphs`."""
     import contextlib
 
     from hypothesis import HealthCheck, Phase, given, settings
@@ -288,7 +365,7 @@ def draw_workloads(count: int, seed: int, max_output: int = 6, mixed_chunk: bool
         suppress_health_check=list(HealthCheck),
         phases=(Phase.generate,),
     )
-    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk))
+    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk, page_sizes=page_sizes, cuda_graphs=cuda_graphs))
     def collect(workload: Any) -> None:
         if len(drawn) >= count:
             raise Enough

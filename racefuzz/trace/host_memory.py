@@ -15,6 +15,8 @@ device tensors are told apart as on a GPU:
   recorded as a host access (its schema's written arguments written, the others read). Every other op
   (a device op; a copy between host and device: a non-blocking `copy_`, `.to("cpu")`) goes to the
   recorder as a launch on the current stream, as on a GPU;
+* a host tensor indexed by a list of ints (`host[[0, 2]]`) is the host's op, its result a host tensor
+  (torch makes the list an index tensor of its own, which would otherwise count as a device tensor);
 * `Tensor.numpy()` / `.tolist()` (and `.item()`, `int()`: `_local_scalar_dense`) of a host tensor is the
   host's read, not a device read-back with a sync of the stream (a sync the engine never makes);
 * a device tensor's `.to("cpu")` / `.cpu()` is a copy (torch would return the tensor itself, `cpu:0`
@@ -265,7 +267,24 @@ class HostTensors:
             # device tensor's is torch's error, as on a GPU.
             return self if registry.holds(self) else torch_pin_memory(self, *args, **kwargs)
 
+        tensor_getitem, tensor_setitem = torch._C.TensorBase.__getitem__, torch._C.TensorBase.__setitem__
+
+        def host_index(self: Any, index: Any) -> Any:
+            # `host[[i, j]]`: torch makes the list an index tensor below Python, which no factory here sees
+            # and the op would take for a device tensor; a list of ints indexing a host tensor is the host's.
+            if isinstance(index, list) and index and all(type(i) is int for i in index) and registry.holds(self):
+                return tensor(index, dtype=torch.int64)
+            return index
+
+        def getitem(self: Any, index: Any) -> Any:
+            return tensor_getitem(self, host_index(self, index))
+
+        def setitem(self: Any, index: Any, value: Any) -> None:
+            tensor_setitem(self, host_index(self, index), value)
+
         patches = (
+            (torch.Tensor, "__getitem__", getitem),
+            (torch.Tensor, "__setitem__", setitem),
             (torch.Tensor, "numpy", numpy),
             (torch.Tensor, "tolist", tolist),
             (torch.Tensor, "to", to),

@@ -189,6 +189,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("json under a file", ["run", "--json", "notes.txt/summary.json"], ExitCode.USAGE, "is not a directory"),
     ("database is a file", ["run", "--database", "notes.txt"], ExitCode.USAGE, "exists and is not a directory"),
     ("database object missing", ["run", "--database", "nosuch_mod:db"], ExitCode.USAGE, "--database nosuch_mod:db"),
+    ("database no module", ["run", "--database", ":memory:"], ExitCode.USAGE, "--database :memory:"),
     # -- option ranges
     ("examples 0", ["run", "--examples", "0"], ExitCode.USAGE, "argument --examples"),
     ("examples text", ["run", "--examples", "many"], ExitCode.USAGE, "argument --examples"),

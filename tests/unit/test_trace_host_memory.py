@@ -146,3 +146,23 @@ def test_item_of_a_host_tensor_is_a_host_read_not_a_sync():
 
     found = races(step)
     assert found and all(r.second.stream == "host" for r in found)
+
+
+def test_a_host_tensor_indexed_by_a_list_stays_a_host_tensor():
+    # sglang 0.5.23 ScheduleBatch.filter_batch: `self.seq_lens_cpu = self.seq_lens_cpu[keep_indices]`, a list
+    # of ints; torch turns the list into an index tensor of its own, which was taken for a device tensor.
+    seen = {}
+
+    def step(env):
+        with host_memory.HostTensors().recorded() as host_tensors:
+            host = torch.tensor([5, 6, 7], dtype=torch.int64)
+            kept = host[[0, 2]]
+            host[[1]] = 9
+            by_device = host[torch.tensor([0, 1], device=DEVICE)]  # a device index: a device op (the control)
+            seen["kept"] = host_tensors.holds(kept), kept.tolist()
+            seen["written"] = host.tolist()
+            seen["by_device"] = host_tensors.holds(by_device)
+
+    run_once(step, "cpu")
+    assert seen == {"kept": (True, [5, 7]), "written": [5, 9, 7], "by_device": False}
+    assert "__getitem__" not in vars(torch.Tensor) and "__setitem__" not in vars(torch.Tensor)

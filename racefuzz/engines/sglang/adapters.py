@@ -89,9 +89,10 @@ class Adapter:
         radix_cache: bool = True,
         chunked_prefill: int = 0,
         mixed_chunk: bool = False,
+        page_size: int = 1,
     ) -> Any:
         """The server config the harness runs: a plain decoder on the torch attention path, no CUDA graphs,
-        page size 1; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`;
+        KV pages of `page_size` tokens; with `spec="dflash"` sglang's DFLASH (worker v2) with a block of `DFLASH_BLOCK`;
         `radix_cache` False sets `disable_radix_cache`; `chunked_prefill` tokens is `chunked_prefill_size`
         (0: -1, no chunking) and `mixed_chunk` is `enable_mixed_chunk` (a prefill mixed with the running
         decodes, `ScheduleBatch.mix_with_running`)."""
@@ -111,7 +112,7 @@ class Adapter:
             model_path="dummy",
             device="cpu",
             skip_tokenizer_init=True,
-            page_size=1,
+            page_size=page_size,
             chunked_prefill_size=chunked_prefill or -1,
             enable_mixed_chunk=mixed_chunk,
             max_running_requests=8,
@@ -174,20 +175,31 @@ class Adapter:
             stack.enter_context(mock.patch.object(scheduler_module, "get_dp_tp_group", mock.MagicMock(), create=True))
             yield
 
-    def make_allocator(self, kv_tokens: int, device: str) -> Any:
+    def make_allocator(self, kv_tokens: int, device: str, page_size: int = 1) -> Any:
+        """The KV allocator sglang builds for `page_size` (0.5.15 model_runner_kv_cache_mixin.py:1131-1147,
+        0.5.23 kv_cache_configurator.py: `TokenToKVPoolAllocator` at page size 1, else
+        `PagedTokenToKVPoolAllocator`), with no KV pool behind it (the fake model has none)."""
         import torch
-        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 
-        return TokenToKVPoolAllocator(kv_tokens, torch.int32, device, None, False)
+        if page_size == 1:
+            from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 
-    def make_radix_cache(self, req_to_token_pool: Any, allocator: Any, enabled: bool = True) -> Any:
+            return TokenToKVPoolAllocator(kv_tokens, torch.int32, device, None, False)
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+        return PagedTokenToKVPoolAllocator(kv_tokens, page_size, torch.int32, device, None, False)
+
+    def make_radix_cache(self, req_to_token_pool: Any, allocator: Any, enabled: bool = True, page_size: int = 1) -> Any:
         """An ENABLED `RadixCache` (with `disable=True` a prefill result never rewrites its row); with
         `enabled` False the cache sglang builds when the radix cache is disabled, `ChunkCache` (its
         `cache_unfinished_req` only copies the row's indices out)."""
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
         params = CacheInitParams(
-            disable=not enabled, req_to_token_pool=req_to_token_pool, token_to_kv_pool_allocator=allocator, page_size=1
+            disable=not enabled,
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
         )
         if not enabled:
             from sglang.srt.mem_cache.chunk_cache import ChunkCache

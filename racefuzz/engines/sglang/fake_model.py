@@ -19,7 +19,8 @@ speculative algorithm supports it; the decode fast path is the CUDA-graph runner
 reads into the runner's read-done slot (what a backend with a read-done fence does: the barrier's fast
 path `schedule_stream.wait_event(ev)` then runs); `read_done="before"` records it before the reads (a
 wrong publisher: the fast path then trusts an event that precedes the reads, a race the harness must
-report).
+report). With `cuda_graph` its decodes go through `graph_runner.py` instead: graphs captured at init and
+replayed by sglang's `DecodeCudaGraphRunner.execute`, which publishes the version's own read-done event.
 """
 
 from __future__ import annotations
@@ -233,6 +234,8 @@ class FakeTpWorker(_Strict):
         read_done: str = "none",
         attention: str = "flashinfer",
         radix_cache: bool = True,
+        page_size: int = 1,
+        cuda_graph: bool = False,
     ) -> None:
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
@@ -254,9 +257,9 @@ class FakeTpWorker(_Strict):
         self.forwards = 0
         self.req_to_token_pool = ReqToTokenPool(pool_rows, context_len, self.device, False)
         env.name(self.req_to_token_pool.req_to_token, "req_to_token")
-        self.token_to_kv_pool_allocator = adapter.make_allocator(kv_tokens, self.device)
+        self.page_size = page_size
+        self.token_to_kv_pool_allocator = adapter.make_allocator(kv_tokens, self.device, page_size)
         self.forward_stream = sgl.device_module.Stream()
-        self.page_size = 1
         self.max_total_num_tokens = kv_tokens
         self.max_running_requests = pool_rows
         self.dflash = bool(getattr(self.spec_algorithm, "is_dflash", lambda: False)())
@@ -268,7 +271,14 @@ class FakeTpWorker(_Strict):
         self.callers: set[str] = set()
         self.read_sites: list[tuple[int, str]] = []
         """(trace position, sglang's callers) of every `read_kv_indices`: which phase a race's read was."""
-        self.tree_cache = adapter.make_radix_cache(self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache)
+        self.tree_cache = adapter.make_radix_cache(
+            self.req_to_token_pool, self.token_to_kv_pool_allocator, radix_cache, page_size
+        )
+        self.graphs: Any = None
+        if cuda_graph:  # captured at init, as sglang's init_all_cuda_graphs does (graph_runner.py)
+            from racefuzz.engines.sglang.graph_runner import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, range(1, pool_rows + 1))
 
     # -- what the scheduler's init reads --------------------------------------------------------------
     def get_worker_info(self) -> tuple[Any, ...]:
@@ -328,7 +338,9 @@ class FakeTpWorker(_Strict):
         inside it (`gpu.triton_kv_indices`). The same annotation either way: the rows are exact. With
         `attention="fa3"` every row is read to the batch's longest length (FA3's eager page table,
         `flashattention_backend.py` `req_to_token[req_pool_indices, :max_seq_len_k]`), and the columns past
-        a row's own length are masked afterwards, in the private table, as FA3's kernel masks them."""
+        a row's own length are masked afterwards, in the private table, as FA3's kernel masks them. The read
+        is token by token at any page size: FA3's eager page table reads this rectangle and keeps every
+        page's first entry afterwards, in its copy (0.5.23 flashattention_backend.py:1004, :1330)."""
         own = lengths
         if self.attention == "fa3" and int(req_pool_indices.shape[0]) > 0:
             lengths = lengths.max().expand(int(req_pool_indices.shape[0])).contiguous()  # no host read
@@ -389,6 +401,9 @@ class FakeTpWorker(_Strict):
         self.callers.add(_caller(sys._getframe(1)))
         if kwargs.get("is_verify"):
             return self._verify_forward(kwargs["forward_batch"])
+        if self.graphs is not None and self.graphs.runs(batch):  # sglang's DecodeCudaGraphRunner.execute
+            logits = self.graphs.forward(batch)
+            return self.adapter.make_result(logits, torch.argmax(logits, dim=-1), None)
         req_pool_indices = batch.req_pool_indices
         seq_lens = batch.seq_lens
         bs = int(req_pool_indices.shape[0])

@@ -99,6 +99,7 @@ def configure(sgl: Any, adapter: Any, workload: Any, device: str = "cpu") -> Non
         radix_cache=workload.radix_cache,
         chunked_prefill=workload.chunked_prefill,
         mixed_chunk=workload.mixed_chunk,
+        page_size=workload.page_size,
     )
     if device == "cuda":
         sgl.server_args.device = "cuda"
@@ -161,6 +162,8 @@ def build_and_run(
                 read_done=read_done,
                 attention=workload.attention,
                 radix_cache=workload.radix_cache,
+                page_size=workload.page_size,
+                cuda_graph=workload.cuda_graph,
             )
             worker_holder["worker"] = worker
             self.tp_worker = worker

@@ -47,12 +47,15 @@ def strategy(
     attention: str = "flashinfer",
     radix_cache: bool = True,
     max_output: int = 6,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
 ) -> Any:
-    """`workload.workloads(max_output=...)`, each workload under the run's speculative decoding, read extent
-    and radix cache (`racefuzz sglang --spec/--plan-stream/--attention/--no-radix-cache/--max-output`)."""
+    """`workload.workloads(max_output=..., page_sizes=...)`, each workload under the run's speculative
+    decoding, read extent and radix cache (`racefuzz sglang --spec/--plan-stream/--attention/--no-radix-cache/
+    --max-output/--page-size/--cuda-graph`)."""
     from racefuzz.engines.sglang.workload import workloads
 
-    drawn = workloads(max_output=max_output)
+    drawn = workloads(max_output=max_output, page_sizes=page_sizes, cuda_graphs=cuda_graphs)
     if spec == "none" and attention == "flashinfer" and radix_cache:
         return drawn
     return drawn.map(lambda w: w.with_spec(spec, plan_stream, attention, radix_cache))
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", choices=("flashinfer", "fa3"), default="flashinfer")
     parser.add_argument("--no-radix-cache", dest="radix_cache", action="store_false")
     parser.add_argument("--max-output", type=int, default=6)
+    parser.add_argument("--page-size", dest="page_sizes", type=int, action="append", default=[])
+    parser.add_argument("--cuda-graph", choices=("off", "on", "drawn"), default="off")
     parser.add_argument("--no-control", dest="control", action="store_false")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
     parser.add_argument("--traceback", action="store_true")
@@ -139,7 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         version = out["version"]
         out["read_done"] = args.read_done
         sgl = SimpleNamespace(server_args=None, device_module=None)  # the config: per run (scheduler.configure)
-        drawn = strategy(args.spec, args.plan_stream, args.attention, args.radix_cache, args.max_output)
+        page_sizes = tuple(args.page_sizes or (1,))
+        from racefuzz.engines.sglang.workload import CUDA_GRAPHS
+
+        drawn = strategy(
+            args.spec,
+            args.plan_stream,
+            args.attention,
+            args.radix_cache,
+            args.max_output,
+            page_sizes,
+            CUDA_GRAPHS[args.cuda_graph],
+        )
         options = dict(device="cpu", examples=args.examples, seed=args.seed, confirm=args.confirm)
         step = loop_step(args.python_dir, sgl, adapter, True, args.read_done)
         database = example_database(args.database)
@@ -207,12 +223,17 @@ def run_search(
     attention: str = "flashinfer",
     radix_cache: bool = True,
     max_output: int = 6,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graph: str = "off",
     timeout: float = 900.0,
 ) -> dict[str, Any]:
     """One version's search subprocess (`main`) -> its JSON result."""
     options = ["--examples", str(examples), "--seed", str(seed), "--read-done", read_done, "--spec", spec]
     options += ["--shrink-runs", str(shrink_runs), "--shrink-seconds", str(shrink_seconds), "--attention", attention]
     options += ["--max-output", str(max_output)]
+    for page_size in page_sizes if page_sizes != (1,) else ():
+        options += ["--page-size", str(page_size)]
+    options += ["--cuda-graph", cuda_graph]
     if database is not None:
         options += ["--database", database]
     if plan_stream:
@@ -355,6 +376,8 @@ def search_command(args: argparse.Namespace, device: str) -> ExitCode:
             attention=args.attention,
             radix_cache=args.radix_cache,
             max_output=getattr(args, "max_output", 6),
+            page_sizes=tuple(getattr(args, "page_sizes", None) or (1,)),
+            cuda_graph=getattr(args, "cuda_graph", "off"),
             timeout=args.timeout,
         )
         result["label"] = label

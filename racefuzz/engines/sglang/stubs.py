@@ -277,14 +277,78 @@ def _block_reads(args: Any) -> list[Any]:
     ]
 
 
+def _alloc_extend(**a: Any) -> None:
+    """sglang's `alloc_extend_kernel` (0.5.15 mem_cache/triton_ops/allocator.py, 0.5.23
+    kernels/ops/memory/allocator.py; the paged allocator's `alloc_extend` launches it wherever Triton runs):
+    request i's `seq_lens[i] - pre_lens[i]` new slots, in order, go to `out_indices` from the running sum of
+    the earlier requests' extends: first the rest of its last page (`last_loc[i] + 1 + j`), then whole new
+    pages, then a partial one, its new pages taken in order from `free_page_ptr` after the earlier requests'.
+    Device ops only (no host read): the same arithmetic as 0.5.23's own torch fallback `alloc_extend_naive`
+    (allocator/paged.py), which 0.5.15's allocator does not call."""
+    import torch
+
+    prefix, seq = a["pre_lens_ptr"].to(torch.int64), a["seq_lens_ptr"].to(torch.int64)
+    last_loc, free_pages, out = a["last_loc_ptr"].to(torch.int64), a["free_page_ptr"], a["out_indices"]
+    page = int(a["page_size"])
+    total = int(out.shape[0])
+    if total == 0:
+        return
+    extend = seq - prefix
+    end_pos = torch.cumsum(extend, 0)
+    start_pos = end_pos - extend
+    j = torch.arange(total, device=out.device, dtype=torch.int64)
+    owner = torch.searchsorted(end_pos, j, right=True)
+    local = j - start_pos[owner]
+    ceil_prefix = (prefix + page - 1) // page * page
+    floor_seq = seq // page * page
+    num1 = torch.clamp(seq, max=ceil_prefix) - prefix
+    done_after_1 = (prefix + num1) == seq
+    num2 = torch.where(done_after_1, torch.zeros_like(num1), floor_seq - ceil_prefix)
+    num3 = torch.where(done_after_1, torch.zeros_like(num1), seq - floor_seq)
+    pages_per_req = num2 // page + (num3 > 0).to(torch.int64)
+    end_new_pages = torch.cumsum(pages_per_req, 0)
+    start_new_pages = end_new_pages - pages_per_req
+    last = max(int(free_pages.numel()) - 1, 0)
+    pool = free_pages.to(torch.int64) if free_pages.numel() else torch.zeros(1, dtype=torch.int64, device=out.device)
+    rel2 = torch.clamp(local - num1[owner], min=0)
+    phase2 = pool[torch.clamp(start_new_pages[owner] + rel2 // page, 0, last)] * page + rel2 % page
+    rel3 = torch.clamp(local - num1[owner] - num2[owner], min=0)
+    phase3 = pool[torch.clamp(end_new_pages[owner] - 1, 0, last)] * page + rel3
+    in_phase1 = local < num1[owner]
+    in_phase2 = (~in_phase1) & (local < num1[owner] + num2[owner])
+    value = torch.where(in_phase1, last_loc[owner] + 1 + local, torch.where(in_phase2, phase2, phase3))
+    out.copy_(value.to(out.dtype))
+
+
+def _alloc_decode(**a: Any) -> None:
+    """sglang's `alloc_decode_kernel` (as `alloc_extend_kernel`, beside it): request i's one new slot is
+    `last_loc[i] + 1`, or, when its new length `seq_lens[i]` starts a page, the first slot of the next free
+    page (the pages taken in request order). Device ops only."""
+    import torch
+
+    seq, last_loc = a["seq_lens_ptr"].to(torch.int64), a["last_loc_ptr"].to(torch.int64)
+    free_pages, out, page = a["free_page_ptr"], a["out_indices"], int(a["page_size"])
+    if int(out.shape[0]) == 0:
+        return
+    starts_page = ((seq - 1) % page == 0).to(torch.int64)
+    rank = torch.cumsum(starts_page, 0) - starts_page
+    last = max(int(free_pages.numel()) - 1, 0)
+    pool = free_pages.to(torch.int64) if free_pages.numel() else torch.zeros(1, dtype=torch.int64, device=out.device)
+    value = torch.where(starts_page.bool(), pool[rank.clamp(0, last)] * page, last_loc + 1)
+    out.copy_(value.to(out.dtype))
+
+
 CPU_EQUIVALENTS: dict[str, Callable[..., None]] = {
     "assign_req_to_token_pool": _assign_req_to_token_pool,
     "_prepare_dflash_draft_block_contig_kernel": _prepare_dflash_draft_block,
+    "alloc_extend_kernel": _alloc_extend,
+    "alloc_decode_kernel": _alloc_decode,
 }
-"""The Triton kernels of sglang's DFLASH path that touch `req_to_token`, as torch ops: under the stubbed
-Triton a launch of one of these runs its equivalent through `racefuzz.trace.launch_kernel` (one launch,
-recorded with `register_annotations`'s read and write sets), so the CPU harness runs the code path a GPU
-takes. Any other kernel still refuses (`StubCalled`)."""
+"""The Triton kernels of sglang's DFLASH path that touch `req_to_token`, and of the paged KV allocator
+(`PagedTokenToKVPoolAllocator.alloc_extend` / `alloc_decode`: 0.5.15 launches them whatever the device), as
+torch ops: under the stubbed Triton a launch of one of these runs its equivalent through
+`racefuzz.trace.launch_kernel` (one launch, recorded with `register_annotations`'s read and write sets), so
+the CPU harness runs the code path a GPU takes. Any other kernel still refuses (`StubCalled`)."""
 
 
 def register_annotations() -> None:
@@ -308,6 +372,18 @@ def register_annotations() -> None:
             "req_pool_indices_ptr": WHOLE,
         },
         writes={"block_ids_out_ptr": WHOLE, "positions_out_ptr": WHOLE, "cache_loc_out_ptr": WHOLE},
+    )
+    # The paged allocator's kernels: they read the lengths, the last slots and the free pages and write only
+    # their output (the allocator then re-slices `free_pages` on the host side).
+    annotate(
+        "alloc_extend_kernel",
+        reads={"pre_lens_ptr": WHOLE, "seq_lens_ptr": WHOLE, "last_loc_ptr": WHOLE, "free_page_ptr": WHOLE},
+        writes={"out_indices": WHOLE},
+    )
+    annotate(
+        "alloc_decode_kernel",
+        reads={"seq_lens_ptr": WHOLE, "last_loc_ptr": WHOLE, "free_page_ptr": WHOLE},
+        writes={"out_indices": WHOLE},
     )
     # Launched for real on a GPU only (the CPU takes sglang's eager accept path): without its sets the
     # recorder would take `prefix_lens_ptr` (the batch's seq_lens) as written too.

@@ -17,7 +17,11 @@ the prefill chunk (`chunked_prefill`: sglang's `chunked_prefill_size`, tokens; 0
 goes in one forward) and whether a prefill is mixed with the running decodes (`mixed_chunk`: sglang's
 `enable_mixed_chunk`, which `Scheduler.is_mixed_chunk` takes only with a chunk size; then
 `ScheduleBatch.mix_with_running` runs and the forward gathers the decodes' tokens by `mix_running_indices`,
-the path of sglang #34076).
+the path of sglang #34076), and the KV page size (`page_size`: sglang's `server_args.page_size`; above 1
+the pools are sglang's `PagedTokenToKVPoolAllocator` and a page-aligned `RadixCache`, and allocation runs
+sglang's paged paths: the decode's last-slot read and `alloc_paged_token_slots_extend` / `_decode`), and
+whether decodes replay CUDA graphs (`cuda_graph`: the fake worker's captured graphs, replayed through
+sglang's `DecodeCudaGraphRunner.execute`, `graph_runner.py`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ SPECS = ("none", "dflash")
 """The speculative algorithms a workload may run: none, or sglang's DFLASH (worker v2)."""
 ATTENTION = ("flashinfer", "fa3")
 """The fake backend's read extents: each row's own length, or every row to the batch's longest."""
+MAX_PAGE_SIZE = 64
+"""The largest KV page size a workload may name (a power of two; the harness's rows hold 256 tokens)."""
+
+
+def check_page_size(page_size: int) -> None:
+    """`ValueError` unless `page_size` is a power of two from 1 to `MAX_PAGE_SIZE`."""
+    if not (1 <= page_size <= MAX_PAGE_SIZE and page_size & (page_size - 1) == 0):
+        raise ValueError(f"page_size must be a power of two from 1 to {MAX_PAGE_SIZE}, got {page_size}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class Workload:
     radix_cache: bool = True
     chunked_prefill: int = 0
     mixed_chunk: bool = False
+    page_size: int = 1
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.spec not in SPECS:
@@ -86,6 +100,16 @@ class Workload:
             raise ValueError("mixed_chunk needs chunked_prefill (sglang mixes only chunked prefills)")
         if self.mixed_chunk and self.spec != "none":
             raise ValueError("mixed_chunk needs spec none (the harness mixes chunks without speculative decoding)")
+        check_page_size(self.page_size)
+        if self.page_size > 1 and self.spec != "none":
+            raise ValueError("page_size above 1 needs spec none (DFLASH is driven with page size 1 only)")
+        if self.cuda_graph and self.spec != "none":
+            raise ValueError("cuda_graph needs spec none (the harness replays decode graphs only without DFLASH)")
+        if self.chunked_prefill % self.page_size:
+            raise ValueError(
+                f"chunked_prefill ({self.chunked_prefill}) must be a multiple of page_size ({self.page_size}), "
+                "as sglang's ServerArgs asserts"
+            )
 
     def describe(self) -> str:
         parts = [r.describe() for r in self.requests]
@@ -95,7 +119,12 @@ class Workload:
         chunk = (
             f", chunks of {self.chunked_prefill}{' mixed' if self.mixed_chunk else ''}" if self.chunked_prefill else ""
         )
-        return f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows{spec}{backend}{radix}{chunk}"
+        pages = f", pages of {self.page_size}" if self.page_size > 1 else ""
+        pages += ", decode in CUDA graphs" if self.cuda_graph else ""
+        return (
+            f"{len(self.requests)} requests ({', '.join(parts)}), {self.pool_rows} rows"
+            f"{spec}{backend}{radix}{chunk}{pages}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -113,6 +142,10 @@ class Workload:
         if self.chunked_prefill:
             data["chunked_prefill"] = self.chunked_prefill
             data["mixed_chunk"] = self.mixed_chunk
+        if self.page_size > 1:  # absent: page size 1 (files written before the field read as they did)
+            data["page_size"] = self.page_size
+        if self.cuda_graph:  # absent: eager decode, as files written before the field
+            data["cuda_graph"] = True
         return data
 
     @staticmethod
@@ -127,6 +160,8 @@ class Workload:
             bool(data.get("radix_cache", True)),
             int(data.get("chunked_prefill", 0)),
             bool(data.get("mixed_chunk", False)),
+            int(data.get("page_size", 1)),
+            bool(data.get("cuda_graph", False)),
         )
 
     def with_spec(
@@ -141,6 +176,14 @@ class Workload:
             attention=self.attention if attention is None else attention,
             radix_cache=self.radix_cache if radix_cache is None else radix_cache,
         )
+
+    def with_page_size(self, page_size: int) -> Workload:
+        """This request stream with KV pages of `page_size` tokens (a chunk size, if any, must divide by it)."""
+        return replace(self, page_size=page_size)
+
+    def with_cuda_graph(self, cuda_graph: bool) -> Workload:
+        """This request stream with its decodes replayed from CUDA graphs, or eager."""
+        return replace(self, cuda_graph=cuda_graph)
 
 
 FIXED = Workload(
@@ -171,35 +214,78 @@ decode two iterations before) goes in the same `run_batch` (`record_batch_in_ove
 was enqueued and before anything waited for it."""
 
 
+CUDA_GRAPHS = {"off": (False,), "on": (True,), "drawn": (False, True)}
+"""`racefuzz sglang --cuda-graph`'s values as the settings `workloads(cuda_graphs=...)` draws from."""
 CHUNK_SIZES = (4, 8, 16)
 """The prefill chunks (tokens) `workloads(mixed_chunk=True)` draws from."""
 
 
-def workloads(max_requests: int = 4, max_output: int = 6, mixed_chunk: bool = False) -> Any:
+def workloads(
+    max_requests: int = 4,
+    max_output: int = 6,
+    mixed_chunk: bool = False,
+    page_sizes: tuple[int, ...] = (1,),
+    cuda_graphs: tuple[bool, ...] = (False,),
+) -> Any:
     """A Hypothesis strategy of `Workload`s: 1..max_requests requests, arrivals 0..4, prompts 1..40
     tokens, outputs 1..max_output tokens, 1..3 pool rows (fewer rows than requests forces row reuse).
     With `mixed_chunk`: mixed chunked prefill on, a chunk of `CHUNK_SIZES`, 2..4 pool rows, and each
-    request's prompt as embeddings or not (`Request.embeds`: an unmixed prefill); without it the strategy
-    draws what it drew before (the same examples for the same seed)."""
+    request's prompt as embeddings or not (`Request.embeds`: an unmixed prefill). `page_sizes`: the KV page
+    sizes drawn from (one: every workload has it; several: drawn per workload, shrinking toward the first;
+    with `mixed_chunk` the chunk is then drawn among the multiples of the page, else the page itself). With
+    the defaults the strategy draws what it drew before the page size was a dimension (the same examples for
+    the same seed). `cuda_graphs`: whether decodes replay CUDA graphs, drawn the same way (one value: every
+    workload; both: drawn per workload)."""
     from hypothesis import strategies as st
 
-    if not mixed_chunk:
-        request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output))
+    if not cuda_graphs:
+        raise ValueError("cuda_graphs must name at least one setting")
+    for page_size in page_sizes:
+        check_page_size(page_size)
+    if not page_sizes:
+        raise ValueError("page_sizes must name at least one page size")
+    drawn = _mixed_workloads(max_requests, max_output, page_sizes) if mixed_chunk else _plain(max_requests, max_output)
+    if not mixed_chunk and page_sizes != (1,):
+        if len(page_sizes) == 1:
+            drawn = drawn.map(lambda w: w.with_page_size(page_sizes[0]))
+        else:
+            drawn = st.tuples(drawn, st.sampled_from(page_sizes)).map(lambda pair: pair[0].with_page_size(pair[1]))
+    if cuda_graphs == (False,):
+        return drawn
+    if len(cuda_graphs) == 1:
+        return drawn.map(lambda w: w.with_cuda_graph(cuda_graphs[0]))
+    return st.tuples(drawn, st.sampled_from(cuda_graphs)).map(lambda pair: pair[0].with_cuda_graph(pair[1]))
 
-        def build(spec: tuple[list[tuple[int, int, int]], int]) -> Workload:
-            items, rows = spec
-            requests = tuple(Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(sorted(items)))
-            return Workload(requests, pool_rows=rows)
 
-        return st.tuples(st.lists(request, min_size=1, max_size=max_requests), st.integers(1, 3)).map(build)
+def _plain(max_requests: int, max_output: int) -> Any:
+    from hypothesis import strategies as st
+
+    request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output))
+
+    def build(spec: tuple[list[tuple[int, int, int]], int]) -> Workload:
+        items, rows = spec
+        requests = tuple(Request(f"r{i}", a, p, o) for i, (a, p, o) in enumerate(sorted(items)))
+        return Workload(requests, pool_rows=rows)
+
+    return st.tuples(st.lists(request, min_size=1, max_size=max_requests), st.integers(1, 3)).map(build)
+
+
+def _mixed_workloads(max_requests: int, max_output: int, page_sizes: tuple[int, ...]) -> Any:
+    from hypothesis import strategies as st
 
     mixed_request = st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(1, max_output), st.booleans())
 
-    def build_mixed(spec: tuple[list[tuple[int, int, int, bool]], int, int]) -> Workload:
-        items, rows, chunk = spec
+    def build_mixed(spec: tuple[list[tuple[int, int, int, bool]], int, tuple[int, int]]) -> Workload:
+        items, rows, (chunk, page_size) = spec
         requests = tuple(Request(f"r{i}", a, p, o, e) for i, (a, p, o, e) in enumerate(sorted(items)))
-        return Workload(requests, pool_rows=rows, chunked_prefill=chunk, mixed_chunk=True)
+        return Workload(requests, pool_rows=rows, chunked_prefill=chunk, mixed_chunk=True, page_size=page_size)
 
-    return st.tuples(
-        st.lists(mixed_request, min_size=1, max_size=max_requests), st.integers(2, 4), st.sampled_from(CHUNK_SIZES)
-    ).map(build_mixed)
+    if page_sizes == (1,):
+        chunk_and_page = st.sampled_from(CHUNK_SIZES).map(lambda chunk: (chunk, 1))
+    else:
+        chunk_and_page = st.sampled_from(page_sizes).flatmap(
+            lambda page: st.sampled_from([c for c in CHUNK_SIZES if c % page == 0] or [page]).map(lambda c: (c, page))
+        )
+    return st.tuples(st.lists(mixed_request, min_size=1, max_size=max_requests), st.integers(2, 4), chunk_and_page).map(
+        build_mixed
+    )
