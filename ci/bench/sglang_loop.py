@@ -106,8 +106,9 @@ def recording_cost(version: str, device: str) -> dict[str, Any]:
     """The recorder's cost per loop iteration against the iteration's own time, on one version: the cost
     workload (`racefuzz.engines.sglang.costs.COST_WORKLOAD`, speculative decoding off) run by sglang's loop
     plainly (`racefuzz.engines.sglang.costs`: no recorder) and under `racefuzz sglang`'s recorder (the
-    harness: dispatch mode, patched streams, the profiler that names sglang's functions), each `COST_REPEATS`
-    times in one process, the first a warm-up. Both clocks time the loop alone (from `run_event_loop`'s start
+    harness: dispatch mode, patched streams, the profiler that names sglang's functions; and once more without
+    that profiler, `--no-profile`, to say its share), each `COST_REPEATS` times in one process, the first a
+    warm-up. Both clocks time the loop alone (from `run_event_loop`'s start
     to its end: not the `Scheduler`'s construction, not the verdict); medians of the measured runs."""
     import statistics
 
@@ -121,13 +122,16 @@ def recording_cost(version: str, device: str) -> dict[str, Any]:
     row: dict[str, Any] = {"version": version}
     plain = run_costs(str(path), version, device, (0.0,), COST_REPEATS, workload)
     recorded = run_harness(path, [workload] * COST_REPEATS, False, version, 3600.0, device=device)
-    if plain.get("status") != "ok" or recorded.get("status") != "ok":
-        row["error"] = plain.get("error") if plain.get("status") != "ok" else recorded.get("error")
+    unprofiled = run_harness(path, [workload] * COST_REPEATS, False, version, 3600.0, device=device, profile=False)
+    failed = [r for r in (plain, recorded, unprofiled) if r.get("status") != "ok"]
+    if failed:
+        row["error"] = failed[0].get("error")
         return row
     summary = plain["settings"][0]["summary"]
     measured = recorded["runs"][1:]
     iterations = measured[0]["iterations"]
     recorded_us = statistics.median(r["loop_seconds"] * 1e6 / r["iterations"] for r in measured)
+    unprofiled_us = statistics.median(r["loop_seconds"] * 1e6 / r["iterations"] for r in unprofiled["runs"][1:])
     launches = statistics.median(r["launches"] / r["iterations"] for r in measured)
     cost = recorded_us - summary["iteration_us"]
     row.update(
@@ -139,6 +143,8 @@ def recording_cost(version: str, device: str) -> dict[str, Any]:
         recorded_us_per_iteration=round(recorded_us, 1),
         recording_us_per_iteration=round(cost, 1),
         recorded_over_plain=round(recorded_us / summary["iteration_us"], 2),
+        unprofiled_us_per_iteration=round(unprofiled_us, 1),
+        profiler_us_per_iteration=round(recorded_us - unprofiled_us, 1),
         launches_per_iteration=round(launches, 1),
         recording_us_per_launch=round(cost / launches, 1) if launches else None,
     )
@@ -195,17 +201,18 @@ def render(figures: dict[str, Any]) -> str:
         f"{COST_REPEATS - 1} runs after a warm-up; plain = sglang's loop with no recorder):",
         "",
         "| version | iterations | plain us/iteration | recorded us/iteration | recording us/iteration | recorded/plain "
-        "| launches/iteration | recording us/launch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| of which the function profiler us/iteration | launches/iteration | recording us/launch |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in figures.get("recording_cost", []):
         if "error" in row:
-            lines.append(f"| {row['version']} | error: {row['error']} | | | | | | |")
+            lines.append(f"| {row['version']} | error: {row['error']} | | | | | | | |")
             continue
         same = "" if row["same_iterations"] else " (iterations differ between runs)"
         lines.append(
             f"| {row['version']} | {row['iterations']}{same} | {row['plain_us_per_iteration']} | "
             f"{row['recorded_us_per_iteration']} | {row['recording_us_per_iteration']} | {row['recorded_over_plain']} "
-            f"| {row['launches_per_iteration']} | {row['recording_us_per_launch']} |"
+            f"| {row['profiler_us_per_iteration']} | {row['launches_per_iteration']} | "
+            f"{row['recording_us_per_launch']} |"
         )
     return "\n".join(lines)

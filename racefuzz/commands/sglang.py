@@ -387,11 +387,15 @@ def run_harness(
     read_done: str = "none",
     device: str = "cpu",
     manifest: int | None = None,
+    profile: bool = True,
 ) -> dict[str, Any]:
-    """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result."""
+    """One version's harness subprocess (`racefuzz.engines.sglang.harness`) -> its JSON result (`profile`
+    False: the harness's `--no-profile`, for the benchmark)."""
     options = ["--workloads-stdin"]  # on stdin: 10,000 workloads are past the command line's limit
     if not control:
         options.append("--no-control")
+    if not profile:
+        options.append("--no-profile")
     options += ["--read-done", read_done]
     if version:
         options += ["--sglang-version", version]

@@ -419,3 +419,22 @@ def test_drawn_means_that_many_distinct_workloads() -> None:
     drawn = draw_workloads(300, 0)
     assert len(drawn) == len(set(drawn)) == 300
     assert draw_workloads(300, 0) == drawn
+
+
+def test_the_benchmarks_unprofiled_run_finds_the_same_races_and_names_no_functions() -> None:
+    """`--no-profile` (the benchmark's measure of the recorder alone) leaves out the function profiler and
+    nothing else: 0.5.15's fixed workload races at the same pairs, with no sglang functions or chains."""
+    from racefuzz.commands.sglang import run_harness, workloads_for
+
+    path = _sources_or_skip("0.5.15")
+    profiled, unprofiled = (
+        run_harness(path, workloads_for("fixed"), False, "0.5.15", 600.0, profile=profile) for profile in (True, False)
+    )
+    assert profiled["status"] == unprofiled["status"] == "ok", (profiled.get("error"), unprofiled.get("error"))
+    (with_profile,), (without,) = profiled["runs"], unprofiled["runs"]
+
+    def pairs(run: dict) -> list[tuple]:
+        return sorted((r["kind"], r["first"]["source"], r["second"]["source"], tuple(r["bytes"])) for r in run["races"])
+
+    assert with_profile["races"] and pairs(with_profile) == pairs(without)
+    assert with_profile["sglang_functions"] and without["sglang_functions"] == []

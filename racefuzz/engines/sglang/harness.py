@@ -86,15 +86,29 @@ def freed_in_use(trace: Any, judgement: Any) -> list[Any]:
 
 
 def run_version(
-    python_dir: str, workload: Any, barrier: bool, sgl: Any, adapter: Any, read_done: str = "none", device: str = "cpu"
+    python_dir: str,
+    workload: Any,
+    barrier: bool,
+    sgl: Any,
+    adapter: Any,
+    read_done: str = "none",
+    device: str = "cpu",
+    profile: bool = True,
 ) -> dict[str, Any]:
+    """One recorded run of sglang's loop on `workload`, judged by happens-before. `profile` False leaves out
+    the profiler that names the sglang functions run, the writers' caller chains and the sync call counts
+    (`sglang_functions`, the races' `chain`, `syncs` are then empty): the benchmark's measure of what the
+    recorder alone costs (`ci.bench sglang_loop`), not a verdict's run."""
     from racefuzz.engines.sglang import scheduler as harness_scheduler
     from racefuzz.trace.convert import judge_trace
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
     syncs: dict[str, int] = {}
-    start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, syncs)
+    if profile:
+        start_profile, stop_profile = harness_scheduler.profile_functions(python_dir, syncs)
+    else:
+        start_profile, stop_profile = (lambda: None), (lambda: (set(), []))
     harness_scheduler.configure(sgl, adapter, workload, device)
 
     def on_loop() -> None:  # sglang's run_event_loop starts next: the loop's clock starts here
@@ -173,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--traceback", action="store_true")
+    parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="leave out the function profiler (no sglang_functions, chains or syncs): the benchmark's runs",
+    )
     parser.add_argument("--read-done", choices=("none", "after", "before"), default="none")
     parser.add_argument("--sglang-version", help="the version of a checkout without _version.py")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: real streams (gpu.py)")
@@ -215,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         out["runs"] = []
         for workload in workloads:
             for barrier in (True, False) if not args.no_control else (True,):
-                run = run_version(args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device)
+                run = run_version(
+                    args.python_dir, workload, barrier, sgl, adapter, args.read_done, args.device, not args.no_profile
+                )
                 run["workload"] = workload.describe()
                 out["runs"].append(run)
         if args.manifest is not None:  # after the happens-before runs: the same workloads, fuzzed for values
