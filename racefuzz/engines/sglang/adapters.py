@@ -436,7 +436,7 @@ def cuda_record_streams(module_names: tuple[str, ...] = RECORD_STREAM_GUARDED) -
     harness does have the hazard (its virtual streams) and the recorder takes `record_stream` of a CPU tensor
     on a virtual stream (`racefuzz.trace.torch_patches`), so the harness runs what a GPU runs: each function
     holding such a guard is recompiled from the version's own source with the guard's test `True` (its line
-    numbers kept) and put where the module and every module that imported it by name had the old one.
+    numbers kept) and put where the module and every module that imported it (under any name) had the old one.
     Returns `module:function` for each function replaced (none in a version without the guard)."""
     return _recompiled(module_names, _TakeCudaSide)
 
