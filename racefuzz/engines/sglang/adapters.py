@@ -75,11 +75,12 @@ class Adapter:
 
         return Scheduler
 
-    def take_cuda_record_streams(self) -> list[str]:
-        """`cuda_record_streams()` once per process (the CPU harness's runs share the recompiled functions)."""
-        taken = getattr(self, "_record_streams_taken", None)
+    def take_cuda_sides(self) -> list[str]:
+        """`cuda_record_streams()` and `cuda_host_copies()` once per process (the CPU harness's runs share the
+        recompiled functions)."""
+        taken = getattr(self, "_cuda_sides_taken", None)
         if taken is None:
-            taken = self._record_streams_taken = cuda_record_streams()
+            taken = self._cuda_sides_taken = cuda_record_streams() + cuda_host_copies()
         return taken
 
     def server_args(
@@ -365,15 +366,64 @@ def _is_cpu_guard(node: ast.If) -> bool:
     )
 
 
-class _TakeCudaSide(ast.NodeTransformer):
+class _GuardTransformer(ast.NodeTransformer):
+    """A rewrite of a function's host-side tests; `changed` counts the tests it rewrote."""
+
     def __init__(self) -> None:
         self.changed = 0
 
+
+class _TakeCudaSide(_GuardTransformer):
     def visit_If(self, node: ast.If) -> ast.AST:
         self.generic_visit(node)
         if _is_cpu_guard(node):
             self.changed += 1
             node.test = ast.copy_location(ast.Constant(True), node.test)
+        return node
+
+
+def _device_of(node: ast.AST) -> ast.expr | None:
+    """`X` of `X.device`, else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "device":
+        return node.value
+    return None
+
+
+def _is_cuda(tensor: ast.expr, like: ast.AST) -> ast.expr:
+    return ast.copy_location(ast.Attribute(value=tensor, attr="is_cuda", ctx=ast.Load()), like)
+
+
+class _AskAsCuda(_GuardTransformer):
+    """`X.device.type == "cpu"` -> `not X.is_cuda`; `is_pin_memory_available(X.device)` -> `X.is_cuda`."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if (
+            len(node.ops) == 1
+            and isinstance(node.ops[0], ast.Eq)
+            and isinstance(node.left, ast.Attribute)
+            and node.left.attr == "type"
+            and isinstance(node.comparators[0], ast.Constant)
+            and node.comparators[0].value == "cpu"
+        ):
+            tensor = _device_of(node.left.value)
+            if tensor is not None:
+                self.changed += 1
+                return ast.copy_location(ast.UnaryOp(op=ast.Not(), operand=_is_cuda(tensor, node)), node)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "is_pin_memory_available"
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            tensor = _device_of(node.args[0])
+            if tensor is not None:
+                self.changed += 1
+                return _is_cuda(tensor, node)
         return node
 
 
@@ -386,8 +436,44 @@ def cuda_record_streams(module_names: tuple[str, ...] = RECORD_STREAM_GUARDED) -
     harness does have the hazard (its virtual streams) and the recorder takes `record_stream` of a CPU tensor
     on a virtual stream (`racefuzz.trace.torch_patches`), so the harness runs what a GPU runs: each function
     holding such a guard is recompiled from the version's own source with the guard's test `True` (its line
-    numbers kept) and put where the module and every module that imported it by name had the old one.
+    numbers kept) and put where the module and every module that imported it (under any name) had the old one.
     Returns `module:function` for each function replaced (none in a version without the guard)."""
+    return _recompiled(module_names, _TakeCudaSide)
+
+
+HOST_COPIES = (("sglang.srt.utils.common", "async_d2h"),)
+"""The functions whose host-side questions the CPU harness answers as on CUDA (`cuda_host_copies`)."""
+
+
+def cuda_host_copies(functions: tuple[tuple[str, str], ...] = HOST_COPIES) -> list[str]:
+    """On the CPU, make sglang's copy of a device tensor to the host take its accelerator branch, as on CUDA.
+
+    sglang 0.5.23's `async_d2h` (utils/common.py:608) asks `tensor.device.type == "cpu"` (then: the tensor
+    itself) and `is_pin_memory_available(tensor.device)` (else: a blocking `tensor.to("cpu")`) where 0.5.16's
+    `_async_d2h` (managers/utils.py:25) and 0.5.21-0.5.22's asked `tensor.is_cuda`. In the CPU recording's
+    host/device split the device stand-in `cpu:0` is of type `cpu` (torch's `device` cannot say otherwise),
+    and sglang's platform there is the base one, which has no pinned memory (platforms/device_mixin.py:170).
+    So a device tensor came back as itself: `copy_to_cpu` (managers/utils.py) left `next_token_ids` on the
+    device and its `.tolist()` (`_normalize_decode_outputs`, batch_result_processor.py:1127) was a device
+    read-back with a sync of the schedule stream, a sync the H200 run does not make (it reads the pinned
+    copy after `copy_done`'s event). The function is recompiled from the version's own source with
+    `X.device.type == "cpu"` read as `not X.is_cuda` and `is_pin_memory_available(X.device)` as `X.is_cuda`
+    (CUDA's answer, platforms/cuda.py:60: pinned memory for any device but `cpu`); in the split `is_cuda` is
+    True for a device tensor only (`racefuzz.trace.host_memory`). Replaced where every module had it, under
+    any name (managers/utils.py imports it as `_async_d2h`). Returns `module:function` for each function
+    replaced (none in a version whose function asks neither)."""
+    wanted: dict[str, set[str]] = {}
+    for module_name, name in functions:
+        wanted.setdefault(module_name, set()).add(name)
+    return _recompiled(tuple(wanted), _AskAsCuda, wanted)
+
+
+def _recompiled(
+    module_names: tuple[str, ...], transformer_class: type[_GuardTransformer], names: dict[str, set[str]] | None = None
+) -> list[str]:
+    """Each function of `module_names` (by `names` where given) that `transformer_class` changes, recompiled
+    from the version's own source (its line numbers kept) and put where its module and every module that
+    bound it (under any name) had the old one; `module:function` for each."""
     import importlib
     import inspect
 
@@ -400,21 +486,24 @@ def cuda_record_streams(module_names: tuple[str, ...] = RECORD_STREAM_GUARDED) -
         with open(path) as file:
             tree = ast.parse(file.read(), filename=path)
         for owner, node in _functions(tree):
-            transformer = _TakeCudaSide()
+            if names is not None and node.name not in names.get(module_name, ()):
+                continue
+            transformer = transformer_class()
             node = transformer.visit(node)
             if not transformer.changed:
                 continue
             code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec")
             namespace: dict[str, Any] = {}
-            exec(code, module.__dict__, namespace)  # the version's own source, one guard's test changed
+            exec(code, module.__dict__, namespace)  # the version's own source, its guards' tests changed
             target: Any = getattr(module, owner) if owner else module
             old = inspect.getattr_static(target, node.name)
             new = namespace[node.name]
             setattr(target, node.name, new)
             if not owner:
                 for other in list(sys.modules.values()):
-                    if getattr(other, node.name, None) is old:
-                        setattr(other, node.name, new)
+                    for bound, value in list(getattr(other, "__dict__", {}).items()):
+                        if value is old:
+                            setattr(other, bound, new)
             replaced.append(f"{module_name}:{owner + '.' if owner else ''}{node.name}")
     return replaced
 

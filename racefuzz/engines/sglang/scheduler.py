@@ -129,8 +129,10 @@ def build_and_run(
 
     device_module = sgl.device_module = DeviceModule(env)
     scheduler_cls = adapter.scheduler_class(sgl)
-    if not on_gpu:  # sglang's `record_stream`s that a CPU guard skips run, as on a GPU (#34076's among them)
-        adapter.take_cuda_record_streams()
+    # On the CPU, sglang's `record_stream`s that a CPU guard skips run (#34076's among them), and its copies of
+    # device tensors to the host take the accelerator branch, as on a GPU (`adapters.cuda_host_copies`).
+    if not on_gpu:
+        adapter.take_cuda_sides()
 
     worker_holder: dict[str, Any] = {}
 
