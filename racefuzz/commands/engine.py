@@ -1,9 +1,10 @@
 """What `racefuzz sglang` and `racefuzz vllm` share, one mechanism each: the `fetch` and `pack` actions
 (over `racefuzz.engines.sources`), the versions and checkout a run is on, a version's verdict and the run's
 exit code (and the exceptions of the engines' `assert_*_race_free`), the report's race and control lines,
-and the replay file of a racy workload. The harness subprocess itself is `racefuzz.engines.harness_process`.
-Each command keeps its own options, workloads and report; what differs here is a parameter (the engine's
-name, how a run says it is the control, the replay file's fields).
+the replay file of a racy workload, and the drawing of distinct workloads (`draw_distinct`). The harness
+subprocess itself is `racefuzz.engines.harness_process`. Each command keeps its own options, workloads and
+report; what differs here is a parameter (the engine's name, how a run says it is the control, the replay
+file's fields).
 
 Not a subcommand: `commands.SUBCOMMANDS` names `sglang` and `vllm`, which call this.
 """
@@ -28,6 +29,42 @@ engine's package, the version to report (a checkout's from `--<engine>-version`,
 
 Run = dict[str, Any]
 """One run of a harness result's `runs`: its `races` and whether it is the negative control."""
+
+
+def draw_distinct(strategy: Any, count: int, seed: int) -> list[Any]:
+    """`count` distinct examples of the Hypothesis `strategy` (hashable), reproducibly from `seed`, in the
+    order drawn; fewer only if twice as many draws did not find that many. Generation only: no database, no
+    shrinking, and it stops once `count` are in."""
+    import contextlib
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    drawn: list[Any] = []
+    seen: set[Any] = set()
+
+    class Enough(Exception):
+        """Raised once `count` distinct examples are in: generation stops."""
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=2 * count + 10,  # Hypothesis draws duplicates: 2000 draws held 1991 distinct sglang workloads
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate,),
+    )
+    @given(strategy)
+    def collect(example: Any) -> None:
+        if len(drawn) >= count:
+            raise Enough
+        if example not in seen:  # a set: a list's `in` made 10,000 draws take minutes
+            seen.add(example)
+            drawn.append(example)
+
+    with contextlib.suppress(Enough):
+        collect()
+    return drawn[:count]
 
 
 def fetch_action(args: argparse.Namespace, engine: EngineSources) -> ExitCode:

@@ -344,38 +344,11 @@ def draw_workloads(
     """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
     (fewer only if twice as many draws did not find that many); mixed chunked prefill ones with
     `mixed_chunk`; their page sizes drawn from `page_sizes`, their CUDA-graph setting from `cuda_graphs`."""
-    import contextlib
-
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
+    from racefuzz.commands.engine import draw_distinct
     from racefuzz.engines.sglang.workload import workloads
 
-    drawn: list[Any] = []
-    seen: set[Any] = set()
-
-    class Enough(Exception):
-        """Raised once `count` distinct workloads are in: generation stops (no shrink phase to run)."""
-
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=2 * count + 10,  # Hypothesis draws duplicates: 2000 draws held 1991 distinct workloads
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.generate,),
-    )
-    @given(workloads(max_output=max_output, mixed_chunk=mixed_chunk, page_sizes=page_sizes, cuda_graphs=cuda_graphs))
-    def collect(workload: Any) -> None:
-        if len(drawn) >= count:
-            raise Enough
-        if workload not in seen:  # a set: a list's `in` made 10,000 draws take minutes
-            seen.add(workload)
-            drawn.append(workload)
-
-    with contextlib.suppress(Enough):
-        collect()
-    return drawn[:count]
+    strategy = workloads(max_output=max_output, mixed_chunk=mixed_chunk, page_sizes=page_sizes, cuda_graphs=cuda_graphs)
+    return draw_distinct(strategy, count, seed)
 
 
 def run_harness(

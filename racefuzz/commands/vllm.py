@@ -141,29 +141,12 @@ def workloads_for(workload: str, examples: int = 10, seed: int = 0) -> list[dict
 
 
 def draw_workloads(count: int, seed: int) -> list[Any]:
-    """`count` workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
-
+    """`count` distinct workloads drawn by `workload.workloads()` with Hypothesis, reproducibly from `seed`
+    (`racefuzz.commands.engine.draw_distinct`)."""
+    from racefuzz.commands.engine import draw_distinct
     from racefuzz.engines.vllm.workload import workloads
 
-    drawn: list[Any] = []
-
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=count,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        phases=(Phase.generate,),
-    )
-    @given(workloads())
-    def collect(workload: Any) -> None:
-        if workload not in drawn:
-            drawn.append(workload)
-
-    collect()
-    return drawn[:count]
+    return draw_distinct(workloads(), count, seed)
 
 
 def run_harness(
