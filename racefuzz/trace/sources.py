@@ -78,8 +78,8 @@ def code_is_library(code: Any) -> bool:
 
 def count_as_recorder(code: Any) -> None:
     """Frames of `code` are the recorder's from now on (`user_source` looks past them): for a wrapper that
-    sits between the engine's line and the recorder, such as the sglang harness's profiler pausing around
-    the recorder's dispatch (`racefuzz.engines.sglang.scheduler.recorder_stands_aside`)."""
+    sits between the engine's line and the recorder, such as an engine harness's profiler pausing around
+    the recorder's dispatch."""
     if id(code) not in LIBRARY_CODE:  # every code object there is held in `_CODES`: this one, if its id is
         _CODES.append(code)
     LIBRARY_CODE[id(code)] = True
