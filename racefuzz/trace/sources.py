@@ -76,6 +76,15 @@ def code_is_library(code: Any) -> bool:
     return known
 
 
+def count_as_recorder(code: Any) -> None:
+    """Frames of `code` are the recorder's from now on (`user_source` looks past them): for a wrapper that
+    sits between the engine's line and the recorder, such as an engine harness's profiler pausing around
+    the recorder's dispatch."""
+    if id(code) not in LIBRARY_CODE:  # every code object there is held in `_CODES`: this one, if its id is
+        _CODES.append(code)
+    LIBRARY_CODE[id(code)] = True
+
+
 def frame_source(frame: Any) -> str:
     """`file:line (function)` of `frame`, cached by (code object, bytecode offset) (the fast path calls it too,
     as `user_source` does: for a code object `code_is_library` has seen)."""

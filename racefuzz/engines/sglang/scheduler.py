@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,9 +267,11 @@ def profile_functions(
     With `syncs`, it also counts every call sglang's code makes to a stream's or event's `synchronize`,
     `wait_event`, `wait_stream`, `wait` or `query` (the trace env's virtual streams and events on the
     CPU, torch.cuda's on a GPU), keyed `method at sglang/file.py:line (function)`: the counts that set a
-    design's cost (host blocks, stream waits), independent of the machine's timing."""
-    import sys
+    design's cost (host blocks, stream waits), independent of the machine's timing.
 
+    The hook stands aside while racefuzz's recorder handles a torch op (`recorder_stands_aside`): no
+    sglang code runs there, and on Python 3.11 a profile hook runs every instruction on the interpreter's
+    unspecialized path, so the recorder's own Python was most of what the hook cost."""
     from racefuzz.trace.capture import active
 
     seen: set[tuple[str, str]] = set()
@@ -304,14 +307,59 @@ def profile_functions(
             position = len(recorder.record.trace.ops) if recorder is not None else -1
             calls.append((position, " <- ".join(links)))
 
+    restore: list[Callable[[], None]] = []
+
     def start() -> None:
+        restore.append(recorder_stands_aside())
         sys.setprofile(hook)
 
     def stop() -> tuple[set[str], list[tuple[int, str]]]:
         sys.setprofile(None)
+        while restore:
+            restore.pop()()
         return {f"{file[cut:]}:{name}" for file, name in seen}, calls
 
     return start, stop
+
+
+def recorder_stands_aside() -> Callable[[], None]:
+    """While the recorder's torch dispatch modes that are active now (racefuzz.trace's classes on torch's
+    mode stack: the recording's, and on the CPU the host-memory split's) handle an op, no profile hook is
+    set (the one set before is restored after, so nested modes nest): the classes' `__torch_dispatch__` is
+    replaced. Returns the function that puts their own back (`profile_functions`' `stop()` calls it)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    replaced: list[tuple[type, Any]] = []
+    for mode in _get_current_dispatch_mode_stack():
+        cls = type(mode)
+        own = cls.__dict__.get("__torch_dispatch__")
+        if own is None or not cls.__module__.startswith("racefuzz.trace.") or any(c is cls for c, _ in replaced):
+            continue
+        cls.__torch_dispatch__ = _unprofiled(own)  # type: ignore[attr-defined]
+        replaced.append((cls, own))
+
+    def put_back() -> None:
+        for cls, own in replaced:
+            cls.__torch_dispatch__ = own  # type: ignore[attr-defined]
+
+    return put_back
+
+
+def _unprofiled(dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """`dispatch` with no profile hook set while it runs; its frame is the recorder's (a launch is still
+    named by the engine's line that made it, not by this one)."""
+    from racefuzz.trace.sources import count_as_recorder
+
+    def unprofiled(*args: Any, **kwargs: Any) -> Any:
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return dispatch(*args, **kwargs)
+        finally:
+            sys.setprofile(hook)
+
+    count_as_recorder(unprofiled.__code__)
+    return unprofiled
 
 
 def caller_chain(calls: list[tuple[int, str]], op_index: int) -> str | None:
