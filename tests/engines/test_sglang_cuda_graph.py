@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import once_per_session, sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.engines.sglang.workload import FIXED, Request, Workload, workloads
@@ -72,26 +73,19 @@ def test_bad_cuda_graph_options_are_one_line_and_exit_2(args: list[str], says: s
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def _graph_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> dict:
     """`version` on the fixed workload with its decodes in graphs, barrier and control (once per session)."""
-    from filelock import FileLock
-
     from racefuzz.commands.sglang import run_harness
 
     path = _sources_or_skip(version)
-    cache = tmp_path_factory.getbasetemp().parent / f"sglang-harness-{version}-cuda-graph.json"
-    with FileLock(f"{cache}.lock"):
-        if cache.is_file():
-            return json.loads(cache.read_text())
-        result = run_harness(path, [GRAPH_FIXED.to_json()], True, version, 600)
-        cache.write_text(json.dumps(result))
-        return result
+    return once_per_session(
+        tmp_path_factory,
+        f"sglang-harness-{version}-cuda-graph",
+        lambda: run_harness(path, [GRAPH_FIXED.to_json()], True, version, 600),
+    )
 
 
 def test_0_5_23_decodes_in_graphs_clean_through_the_in_graph_marker(tmp_path_factory: pytest.TempPathFactory) -> None:

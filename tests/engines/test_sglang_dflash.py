@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.engines.sglang.workload import FIXED, Request, Workload
@@ -36,10 +37,7 @@ DFLASH_FIXED = FIXED.with_spec("dflash")
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 _RESULTS: dict[str, dict] = {}

@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from engine_support import once_per_session, sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.exitcodes import ExitCode
@@ -23,29 +24,22 @@ pytest.importorskip("torch")
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def _harness_result(tmp_path_factory: pytest.TempPathFactory, version: str, read_done: str = "none") -> dict:
     """One harness run of `version` on the fixed workload (barrier and control, or the barrier only with a
     read-done event), computed once per test session: with pytest-xdist the workers share it through a
     file under a lock (each run costs a subprocess importing sglang)."""
-    from filelock import FileLock
-
     from racefuzz.commands.sglang import run_harness
     from racefuzz.engines.sglang.workload import FIXED
 
     path = _sources_or_skip(version)
-    cache = tmp_path_factory.getbasetemp().parent / f"sglang-harness-{version}-{read_done}.json"
-    with FileLock(f"{cache}.lock"):
-        if cache.is_file():
-            return json.loads(cache.read_text())
-        result = run_harness(path, [FIXED.to_json()], read_done == "none", version, 600, read_done=read_done)
-        cache.write_text(json.dumps(result))
-        return result
+    return once_per_session(
+        tmp_path_factory,
+        f"sglang-harness-{version}-{read_done}",
+        lambda: run_harness(path, [FIXED.to_json()], read_done == "none", version, 600, read_done=read_done),
+    )
 
 
 @pytest.fixture

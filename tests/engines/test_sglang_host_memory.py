@@ -32,6 +32,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from engine_support import sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.engines.sglang.workload import FIXED
@@ -43,10 +44,7 @@ _RESULTS: dict[str, list[dict]] = {}
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def _runs(version: str) -> list[dict]:

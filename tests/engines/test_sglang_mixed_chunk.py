@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from engine_support import once_per_session, sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.engines.sglang.workload import MIXED_CHUNK, Request, Workload, workloads
@@ -114,26 +115,19 @@ def test_a_cpu_guard_around_record_stream_is_taken_as_on_cuda(tmp_path: Path, mo
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def _mixed_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> dict:
     """One harness run of `version` on `--workload mixed-chunk` (barrier and control), once per session."""
-    from filelock import FileLock
-
     from racefuzz.commands.sglang import run_harness
 
     path = _sources_or_skip(version)
-    cache = tmp_path_factory.getbasetemp().parent / f"sglang-mixed-chunk-{version}.json"
-    with FileLock(f"{cache}.lock"):
-        if cache.is_file():
-            return json.loads(cache.read_text())
-        result = run_harness(path, [MIXED_CHUNK.to_json()], True, version, 600)
-        cache.write_text(json.dumps(result))
-        return result
+    return once_per_session(
+        tmp_path_factory,
+        f"sglang-mixed-chunk-{version}",
+        lambda: run_harness(path, [MIXED_CHUNK.to_json()], True, version, 600),
+    )
 
 
 def _ring_frees(races: list[dict]) -> list[dict]:

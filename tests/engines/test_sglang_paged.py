@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import once_per_session, sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.engines.sglang.workload import FIXED, MIXED_CHUNK, Request, Workload, workloads
@@ -89,27 +90,20 @@ def test_bad_page_sizes_are_one_line_and_exit_2(args: list[str], says: str) -> N
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def _paged_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> dict:
     """`version` on the fixed workload at page size 16, barrier and control (once per session, shared by
     the xdist workers through a file under a lock)."""
-    from filelock import FileLock
-
     from racefuzz.commands.sglang import run_harness
 
     path = _sources_or_skip(version)
-    cache = tmp_path_factory.getbasetemp().parent / f"sglang-harness-{version}-paged16.json"
-    with FileLock(f"{cache}.lock"):
-        if cache.is_file():
-            return json.loads(cache.read_text())
-        result = run_harness(path, [PAGED_FIXED.to_json()], True, version, 600)
-        cache.write_text(json.dumps(result))
-        return result
+    return once_per_session(
+        tmp_path_factory,
+        f"sglang-harness-{version}-paged16",
+        lambda: run_harness(path, [PAGED_FIXED.to_json()], True, version, 600),
+    )
 
 
 def _radix_rewrites(races: list[dict], writer: str) -> list[dict]:

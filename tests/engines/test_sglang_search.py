@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import sources_or_skip
 
 from racefuzz.engines.sglang import sources
 from racefuzz.exitcodes import ExitCode
@@ -24,10 +25,7 @@ pytest.importorskip("hypothesis")
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"sglang {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "sglang", version)
 
 
 def test_0_5_15_shrinks_31687s_race_to_one_request_saves_it_and_replays_it_first(tmp_path: Path) -> None:

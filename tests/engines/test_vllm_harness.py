@@ -8,13 +8,13 @@ them they skip, saying so. Each version runs in its own subprocess, as the CLI d
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from engine_support import once_per_session, sources_or_skip
 
 from racefuzz.engines.vllm import sources
 from racefuzz.exitcodes import ExitCode
@@ -23,30 +23,21 @@ torch = pytest.importorskip("torch")
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"vLLM {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "vLLM", version)
 
 
 def _harness_result(tmp_path_factory: pytest.TempPathFactory, version: str) -> dict:
     """One harness run of `version` on the fixed workload (the event as the version has it, and the
     control), computed once per session (shared by xdist workers through a file under a lock)."""
-    from filelock import FileLock
-
     from racefuzz.commands.vllm import run_harness
     from racefuzz.engines.vllm.workload import FIXED
 
     path = _sources_or_skip(version)
-    # The session's directory: under xdist each worker's base is a folder of it; alone it is the base.
-    base = tmp_path_factory.getbasetemp()
-    cache = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / f"vllm-harness-{version}.json"
-    with FileLock(f"{cache}.lock"):
-        if cache.is_file():
-            return json.loads(cache.read_text())
-        result = run_harness(path, [FIXED.to_json()], True, version, 600, uva_ring=True)
-        cache.write_text(json.dumps(result))
-        return result
+    return once_per_session(
+        tmp_path_factory,
+        f"vllm-harness-{version}",
+        lambda: run_harness(path, [FIXED.to_json()], True, version, 600, uva_ring=True),
+    )
 
 
 # The host-memory model, on a step of its own: a persistent buffer's host half written through its NumPy

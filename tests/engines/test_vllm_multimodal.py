@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from engine_support import sources_or_skip
 
 from racefuzz.engines.vllm import sources
 
@@ -24,10 +25,7 @@ WRITER = "(_gather_mm_embeddings)"
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"vLLM {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "vLLM", version)
 
 
 def _run(path: Path, version: str) -> tuple[list[dict], list[dict]]:

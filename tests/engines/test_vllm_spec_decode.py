@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_support import sources_or_skip
 
 from racefuzz.engines.vllm import sources
 from racefuzz.exitcodes import ExitCode
@@ -29,10 +30,7 @@ COPY = "(_update_states_after_model_execute)"
 
 
 def _sources_or_skip(version: str) -> Path:
-    try:
-        return sources.locate(version=version)
-    except sources.SourcesUnavailable as exc:
-        pytest.skip(f"vLLM {version}'s sources are not here: {exc}")
+    return sources_or_skip(sources, "vLLM", version)
 
 
 _RESULTS: dict[str, dict] = {}
