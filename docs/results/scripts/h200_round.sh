@@ -6,6 +6,7 @@
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh suite     ci/gpu.sh, ci.bench gpu
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh sglang    CARRY=.carry-sg: 0.5.14-0.5.16, 0.5.23
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh engines   CARRY=.carry-x: 0.5.21/0.5.22, vLLM
+#   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh rerun     CARRY=.carry-r: vLLM 0.17.0+, sglang_loop
 # Each step has its own time limit so that one hang cannot eat the others' time; a failing step does not stop
 # the next. The last lines printed are each step's exit status and its test summary.
 set -u -o pipefail
@@ -81,8 +82,17 @@ engines)
     step vllm-multimodal 100 env CARRY="$CARRY" VERSIONS="0.13.0 0.14.0" SPEC=0 ARGS="--workload multimodal" NAME=multimodal \
         OUT="$LOGS/vllm-multimodal" bash ci/vllm_gpu.sh
     ;;
+rerun)
+    # What the parts above ran out of time for: vLLM from 0.17.0 on (fixed and spec workloads), and the
+    # recording cost per sglang loop iteration.
+    CARRY=${CARRY:-.carry-r}
+    sglang_env >"$LOGS/setup.txt" 2>&1
+    step vllm-0.17-0.33 300 env CARRY="$CARRY" VERSIONS="0.17.0 0.18.0 0.19.0 0.33.0" OUT="$LOGS/vllm-0.17-0.33" bash ci/vllm_gpu.sh
+    step bench-sglang-loop 230 python3 -m ci.bench sglang_loop --device cuda --examples 10 --version 0.5.15 --version 0.5.23 \
+        --json "$LOGS/bench-sglang-loop-cuda.json"
+    ;;
 *)
-    echo "h200_round.sh: no part $part (suite, sglang, engines)" >&2
+    echo "h200_round.sh: no part $part (suite, sglang, engines, rerun)" >&2
     exit 2
     ;;
 esac

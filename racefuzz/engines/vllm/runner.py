@@ -537,6 +537,7 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
     recorded (`watch_numpy_reads`). `slot_mapping`: `torch`
     replaces the version's Triton slot-mapping kernel by `SlotMappingKernel` (always on the CPU), `vllm`
     keeps the version's own (a GPU; the recorder records its launch, `annotate_slot_mapping_kernel`)."""
+    import torch
     from vllm.v1.worker import block_table
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -553,12 +554,15 @@ def build_runner(workload: Workload, device: Any, control: bool, slot_mapping: s
 
     class HarnessRunner(GPUModelRunner):  # type: ignore[misc, valid-type]
         def _init_device_properties(self) -> None:
+            # What 0.10-0.14 do themselves (gpu_model_runner.py _init_device_properties). 0.17-0.19 ask
+            # `num_compute_units`, which asks the platform: the harness pins vLLM's `UnspecifiedPlatform`
+            # (`pin_platform`), which raises NotImplementedError; CudaPlatform.num_compute_units (0.17.0
+            # platforms/cuda.py:577) answers the device's multi_processor_count, as here.
             if device.type == "cuda":
-                super()._init_device_properties()
-                return
-            # torch.cuda.get_device_properties: no GPU on the CPU
-            self.device_properties = SimpleNamespace(multi_processor_count=1, name="racefuzz-cpu")
-            self.num_sms = 1
+                self.device_properties = torch.cuda.get_device_properties(self.device)
+            else:  # torch.cuda.get_device_properties: no GPU on the CPU
+                self.device_properties = SimpleNamespace(multi_processor_count=1, name="racefuzz-cpu")
+            self.num_sms = self.device_properties.multi_processor_count
 
         def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any, *args: Any) -> Any:
             return propose_drafts(self, sampled_token_ids)
