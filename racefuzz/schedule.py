@@ -143,6 +143,14 @@ class Schedule:
     def nonzero_delays(self) -> int:
         return len(self.device_delays) + len(self.read_spins) + len(self.host_delays)
 
+    def scaled(self, factor: float) -> Schedule:
+        """Every delay times `factor`, capped at `MAX_DELAY_US`; the forced orders as they are."""
+
+        def scale(delays: Mapping[Any, float]) -> dict[Any, float]:
+            return {point: min(MAX_DELAY_US, us * factor) for point, us in delays.items()}
+
+        return Schedule(scale(self.device_delays), scale(self.read_spins), scale(self.host_delays), self.orders)
+
     def check_against(self, program: Program) -> None:
         """Raise `InvalidArgument` unless every key names an op of `program` that can take that delay."""
         if self.of_real_code:

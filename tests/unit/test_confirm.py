@@ -14,6 +14,7 @@ from racefuzz import Schedule, find_races, simulate
 from racefuzz.designs import load_design
 from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
 from racefuzz.schedule import NO_DELAYS
+from racefuzz.search.finish import finish_manifested
 from racefuzz.search.minimize import minimize
 from racefuzz.search.outcome import judge, reproduces
 
@@ -59,6 +60,43 @@ def test_the_minimizer_keeps_no_candidate_that_fails_in_only_some_of_k_runs() ->
     assert (small, shorter) != (WORKLOAD, schedule)
     # Every candidate now manifests in 1 or 2 of its 3 runs: none is a failure k of k, none is kept.
     assert minimize(WORKLOAD, schedule, GLOBAL_WAR, EveryOtherRun(), repeat=3) == (WORKLOAD, schedule)
+
+
+class DelaysBelow:
+    """The simulator as an executor on which a delay shorter than `threshold_us` has no effect (it runs as
+    if absent), as on a GPU where a spin shorter than the window does not open it."""
+
+    def __init__(self, threshold_us: float) -> None:
+        self.threshold_us = threshold_us
+
+    def __call__(self, program, schedule):
+        def kept(delays):
+            return {point: us for point, us in delays.items() if us >= self.threshold_us}
+
+        effective = Schedule(
+            kept(schedule.device_delays), kept(schedule.read_spins), kept(schedule.host_delays), schedule.orders
+        )
+        return simulate(program, effective, record_timeline=False)
+
+
+def test_a_shrunk_gpu_counterexample_keeps_twice_the_shortest_delay_that_manifests() -> None:
+    run = DelaysBelow(600.0)
+    failure = judge(WORKLOAD, GLOBAL_WAR, _reader_spin(WORKLOAD), run)
+    assert failure.corruptions, "a 3000 us spin is past the threshold: it must manifest"
+    found = finish_manifested(failure, GLOBAL_WAR, run, "cuda", shrink=True, repeat=3, min_delay_us=0.0)
+    spins = list(found.schedule.read_spins.values())
+    assert spins and all(us >= 2 * run.threshold_us for us in spins), spins
+    assert spins != list(failure.schedule.read_spins.values()), "non-vacuous: the minimizer did shorten it"
+    assert reproduces(found, run, 3)
+    # Every delay halved still manifests: the reported delays are not at the edge of the window.
+    assert judge(found.workload, GLOBAL_WAR, found.schedule.scaled(0.5), run).corruptions
+
+
+def test_on_the_simulator_the_shrunk_delay_is_the_shortest_that_manifests() -> None:
+    run = DelaysBelow(600.0)
+    failure = judge(WORKLOAD, GLOBAL_WAR, _reader_spin(WORKLOAD), run)
+    found = finish_manifested(failure, GLOBAL_WAR, run, "sim", shrink=True, repeat=1, min_delay_us=0.0)
+    assert not judge(found.workload, GLOBAL_WAR, found.schedule.scaled(0.5), run).corruptions
 
 
 # -- the trace: a divergence counts only confirmed k of k ------------------------------------------------
