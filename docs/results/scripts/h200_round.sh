@@ -7,10 +7,12 @@
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh sglang    CARRY=.carry-sg: 0.5.14-0.5.16, 0.5.23
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh engines   CARRY=.carry-x: 0.5.21/0.5.22, vLLM
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh rerun     CARRY=.carry-r: vLLM 0.17.0+, sglang_loop
+#   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh short     CARRY=.carry: sglang 0.5.15/0.5.23, vLLM 0.10.2/0.33.0
+#   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh trace     CARRY=.carry (0.5.23): ci.bench trace
 # Each step has its own time limit so that one hang cannot eat the others' time; a failing step does not stop
 # the next. The last lines printed are each step's exit status and its test summary.
 set -u -o pipefail
-part=${1:?usage: h200_round.sh suite|sglang|engines}
+part=${1:?usage: h200_round.sh suite|sglang|engines|rerun|short|trace}
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PYTHONWARNINGS=ignore
 LOGS=/tmp/h200/logs
 mkdir -p "$LOGS" "$OUT"
@@ -82,6 +84,20 @@ engines)
     step vllm-multimodal 100 env CARRY="$CARRY" VERSIONS="0.13.0 0.14.0" SPEC=0 ARGS="--workload multimodal" NAME=multimodal \
         OUT="$LOGS/vllm-multimodal" bash ci/vllm_gpu.sh
     ;;
+short)
+    # One version either side of each engine's historic fix, fixed workload and checks: sglang 0.5.15 (races)
+    # and 0.5.23; vLLM 0.10.2 (races) and 0.33.0 (docs/results/sglang-own-loop-h200/, vllm-own-code-h200/)
+    CARRY=${CARRY:-.carry}
+    sglang_env >"$LOGS/setup.txt" 2>&1
+    step sglang-fixed 130 env CARRY="$CARRY" VERSIONS="0.5.15 0.5.23" OUT="$LOGS/sglang-fixed" bash ci/sglang_gpu.sh
+    step vllm 130 env CARRY="$CARRY" VERSIONS="0.10.2 0.33.0" SPEC=0 OUT="$LOGS/vllm" bash ci/vllm_gpu.sh
+    ;;
+trace)
+    # docs/results/trace-cost-h200/ and trace-sglang-step-cost-h200/ (its sglang row takes 0.5.23's sources)
+    CARRY=${CARRY:-.carry}
+    sglang_env >"$LOGS/setup.txt" 2>&1
+    step bench-trace 200 python3 -m ci.bench trace --json "$LOGS/bench-trace.json"
+    ;;
 rerun)
     # What the parts above ran out of time for: vLLM from 0.17.0 on (fixed and spec workloads), and the
     # recording cost per sglang loop iteration.
@@ -92,7 +108,7 @@ rerun)
         --json "$LOGS/bench-sglang-loop-cuda.json"
     ;;
 *)
-    echo "h200_round.sh: no part $part (suite, sglang, engines, rerun)" >&2
+    echo "h200_round.sh: no part $part (suite, sglang, engines, rerun, short, trace)" >&2
     exit 2
     ;;
 esac
