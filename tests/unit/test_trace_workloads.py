@@ -56,6 +56,34 @@ def test_a_race_that_needs_two_items_shrinks_to_exactly_the_minimal_workload() -
     assert [str(r.race.kind) for r in result.races] == ["WAR"]  # the result judges the shrunk workload
 
 
+def test_a_shrunk_workload_that_races_in_only_some_of_its_k_re_recordings_is_not_a_race(monkeypatch) -> None:
+    # The shrunk workload's confirmation counts the re-recordings that failed with its race: here the step
+    # orders the rewrite after the read in the second of the three, so the race shows 2 of 3 -- flaky, not
+    # a race. Counting the k requested instead of the re-recordings seen would call it one.
+    from racefuzz.trace import search as trace_search
+
+    re_recording: list[int] = []  # empty while the search runs; then the index of the re-recording made
+    confirm_k_of_k = trace_search.confirm_k_of_k
+
+    def numbered(run, k, **options):
+        def one_re_recording() -> bool:
+            re_recording[:] = [re_recording[0] + 1 if re_recording else 0]
+            return run()
+
+        return confirm_k_of_k(one_re_recording, k, **options)
+
+    def ordered_in_the_second_re_recording(env, rows):
+        read_then_rewrite(env, rows, ordered=re_recording == [1])
+
+    monkeypatch.setattr(trace_search, "confirm_k_of_k", numbered)
+    result = fuzz(ordered_in_the_second_re_recording, workloads=ROWS, device="cpu", examples=100, seed=0, confirm=3)
+    search = result.workloads
+    assert search is not None and search.workload == [0, 0] and re_recording == [2]
+    assert [str(r.race.kind) for r in result.races] == ["WAR"]  # the search's judgement of the shrunk workload
+    assert (search.confirmed, search.confirm_runs) == (2, 3)
+    assert not result.racy, "a shrunk workload that raced in 2 of its 3 re-recordings is not a race"
+
+
 def test_shrinking_stops_at_its_budget_and_says_so() -> None:
     result = fuzz(read_then_rewrite, workloads=ROWS, device="cpu", examples=100, seed=0, shrink_runs=0)
     search = result.workloads
