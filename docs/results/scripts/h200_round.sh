@@ -96,7 +96,9 @@ trace)
     # docs/results/trace-cost-h200/ and trace-sglang-step-cost-h200/ (its sglang row takes 0.5.23's sources)
     CARRY=${CARRY:-.carry}
     sglang_env >"$LOGS/setup.txt" 2>&1
-    step bench-trace 200 python3 -m ci.bench trace --json "$LOGS/bench-trace.json"
+    # the sglang step imports sglang itself: 0.5.23's unpacked sources on the path
+    PYTHONPATH="$PYTHONPATH:$RACEFUZZ_SGLANG_CACHE/0.5.23/python" step bench-trace 200 \
+        python3 -m ci.bench trace --json "$LOGS/bench-trace.json"
     ;;
 rerun)
     # What the parts above ran out of time for: vLLM from 0.17.0 on (fixed and spec workloads), and the
