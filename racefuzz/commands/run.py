@@ -201,6 +201,8 @@ def summary(result) -> dict[str, object]:
         "races": [] if c is None else sorted({" ".join(race.key) for race in c.races}),
         "repeat": result.repeat,
         "infeasible": result.infeasible,
+        "stop_reason": result.stop_reason.value,
+        "phases": [{"phase": p.phase, "runs": p.runs, "seconds": round(p.seconds, 3)} for p in result.phases],
         "flaky": [
             {
                 "reproduced": f.reproduced,
@@ -292,6 +294,7 @@ def run_command(args: argparse.Namespace) -> ExitCode:
     if result.flaky:
         rates = ", ".join(f"{f.reproduced}/{f.runs}" for f in result.flaky[:10])
         print(f"flaky (not counted as races, reproduced fewer than {result.repeat}/{result.repeat} times): {rates}")
+    print(result.statistics_line())
     report = {"racefuzz": __version__, "run": summary(result), "control": None if control is None else summary(control)}
     if result.found:
         replay_path = _save(result, args, report)

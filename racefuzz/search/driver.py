@@ -28,7 +28,7 @@ from racefuzz.errors import InvalidArgument
 from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads
 from racefuzz.oracle import find_corruptions
-from racefuzz.results import Flaky, Outcome, SearchResult
+from racefuzz.results import PHASES, Flaky, Outcome, PhaseStatistics, SearchResult, StopReason
 from racefuzz.scenarios import Workload, check_hazards
 from racefuzz.schedule import ScheduleInfeasible
 from racefuzz.schedulers import DEFAULT_STRATEGY, delay_strategy
@@ -136,6 +136,23 @@ class Search:
         self.last_failing_draw: Draw | None = None
         self.racy_witness: tuple[Workload, Draw] | None = None
         self.failing_batch_draws = 0  # draws the failing batch made, for Hypothesis' replay of it
+        self.phase = PHASES[0]  # the phase now running, and what each has cost (`PhaseStatistics`)
+        self.phase_started = self.start
+        self.phase_runs = dict.fromkeys(PHASES, 0)
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
+
+    # -- phases and runs ---------------------------------------------------------------------------------
+
+    def enter(self, phase: str) -> None:
+        """End the phase now running (its time is counted) and start `phase`."""
+        now = time.perf_counter()
+        self.phase_seconds[self.phase] += now - self.phase_started
+        self.phase, self.phase_started = phase, now
+
+    def execute(self, program, schedule):
+        """One run of `program` by the backend, counted in the phase now running."""
+        self.phase_runs[self.phase] += 1
+        return self.run_program(program, schedule)
 
     # -- one example -------------------------------------------------------------------------------------
 
@@ -166,7 +183,11 @@ class Search:
         """Finish (or run) `example` and judge it; raises _Manifested on a k-of-k corruption."""
         workload, program, schedule = example.workload, example.program, example.schedule
         try:
-            execution = started.finish() if started is not None else self.run_program(program, schedule)
+            if started is not None:
+                self.phase_runs[self.phase] += 1
+                execution = started.finish()
+            else:
+                execution = self.execute(program, schedule)
         except ScheduleInfeasible:
             # A forced order the run could not realize (on the GPU: a gate's wait timed out): no run to judge,
             # and not an error of the search; it is counted and reported. Happens-before judges the workload
@@ -199,6 +220,7 @@ class Search:
                 self.manifested += 1
                 self._detected(manifested=True)
                 self.shrinking = True
+                self.enter("shrink")
                 self.failing_draw = example.key
             self.last_failure = Outcome(workload, schedule, program, execution, corruptions, [])
             self.last_failing_draw = example.key
@@ -219,7 +241,7 @@ class Search:
         """One re-run of `example` for the k-of-k check; a re-run whose forced orders could not be realized
         did not reproduce."""
         try:
-            execution = self.run_program(example.program, example.schedule)
+            execution = self.execute(example.program, example.schedule)
         except ScheduleInfeasible:
             self.infeasible += 1
             return False
@@ -267,6 +289,7 @@ class Search:
         batch, pair = self.batch, self.pair
         if self.counted >= self.examples:
             return
+        self.enter("generate")
 
         # A failing batch is not shrunk as a batch: its other members would cost a replay for every change
         # the shrinker tried on them (10x the runs, measured on the simulator). Its failing member is shrunk
@@ -339,18 +362,19 @@ class Search:
         try:
             return self._run_phases()
         except KeyboardInterrupt as stop:
-            stop.partial = self.partial()  # type: ignore[attr-defined]
+            stop.partial = self.partial(StopReason.INTERRUPTED)  # type: ignore[attr-defined]
             raise
 
-    def partial(self) -> SearchResult:
-        """What was found so far, not minimized: the latest failure explained, else a racy witness judged."""
+    def partial(self, reason: StopReason) -> SearchResult:
+        """What was found so far, not minimized: the latest failure explained, else a racy witness judged;
+        `reason`: why the search stopped there."""
         counterexample = None
         if self.last_failure is not None:
             self.corpus.save(self.last_failing_draw or self.failing_draw)  # type: ignore[arg-type]
             counterexample = explain(self.last_failure, self.backend)
         elif self.racy_witness is not None:
             counterexample = judge(self.racy_witness[0], self.design, None, None)
-        return self._summary(counterexample)
+        return self._summary(counterexample, reason)
 
     def _run_phases(self) -> SearchResult:
         with _fewer_collections():
@@ -364,10 +388,11 @@ class Search:
                 self.shrink_member()
             assert self.last_failure is not None
             self.corpus.save(self.last_failing_draw or self.failing_draw)  # type: ignore[arg-type]
+            self.enter("minimize")
             counterexample = finish_manifested(
                 self.last_failure,
                 self.design,
-                self.run_program,
+                self.execute,
                 self.backend,
                 shrink=self.shrink,
                 repeat=self.repeat,
@@ -376,11 +401,19 @@ class Search:
         elif self.racy_witness is not None:
             witness, draw = self.racy_witness
             self.corpus.save(draw)
+            self.enter("minimize")
             workloads = self.space.strategy().map(self.space.decode)
             counterexample = finish_unordered(witness, self.design, workloads, self.seed, shrink=self.shrink)
-        return self._summary(counterexample)
+        if counterexample is not None:
+            reason = StopReason.FOUND
+        elif self.counted + self.infeasible < self.examples:  # Hypothesis stopped drawing before the budget
+            reason = StopReason.EXHAUSTED
+        else:
+            reason = StopReason.EXAMPLES
+        return self._summary(counterexample, reason)
 
-    def _summary(self, counterexample: Outcome | None) -> SearchResult:
+    def _summary(self, counterexample: Outcome | None, reason: StopReason) -> SearchResult:
+        self.enter(self.phase)  # count the time of the phase still running
         detection, manifested = self.first_detection, self.first_manifested
         return SearchResult(
             design=self.design,
@@ -399,6 +432,9 @@ class Search:
             first_manifested_seconds=manifested[1] if manifested else None,
             replayed=self.replayed,
             infeasible=self.infeasible,
+            stop_reason=reason,
+            budget=self.examples,
+            phases=tuple(PhaseStatistics(name, self.phase_runs[name], self.phase_seconds[name]) for name in PHASES),
         )
 
 

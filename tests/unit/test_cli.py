@@ -51,6 +51,10 @@ def test_none_is_caught_writes_files_and_replays_to_the_same_report(capsys, tmp_
     assert "missing edge:" in report and f"racefuzz replay {replay_file}" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["run"]["found"] is True and summary["replay_file"] == str(replay_file)
+    assert summary["run"]["stop_reason"] == "found"
+    phases = {p["phase"]: p["runs"] for p in summary["run"]["phases"]}
+    assert list(phases) == ["replay", "generate", "shrink", "minimize"] and phases["generate"] >= 1
+    assert "stopped: found a counterexample; phases: " in out
 
     code, replay_out, _ = run(capsys, "replay", str(replay_file))
     assert code == ExitCode.RACE
@@ -73,6 +77,7 @@ def test_clean_design_passes_beside_a_caught_control(capsys, tmp_path: Path) -> 
         "--quiet",
     )
     assert code == ExitCode.CLEAN, out
+    assert "stopped: all 200 examples ran; phases: generate 200 run(s)" in out
     assert "negative control `none`: caught after" in out
     assert "no race found in design war-after-launch over 200 examples" in out
     assert not list(tmp_path.glob("*.json"))

@@ -7,6 +7,7 @@ import pytest
 from racefuzz import InvalidArgument
 from racefuzz.backends import executor
 from racefuzz.designs import load_design
+from racefuzz.results import PHASES, StopReason
 from racefuzz.schedule import NO_DELAYS
 from racefuzz.search import search
 from racefuzz.sim import simulate
@@ -87,3 +88,67 @@ def test_an_infeasible_run_still_counts_its_workloads_happens_before_verdict() -
     result = search(load_design("none"), AlwaysInfeasible(), examples=50, seed=0, shrink=False)
     assert result.infeasible > 0 and result.racy_examples > 0
     assert result.found  # the unordered pair, reported without a manifested run
+
+
+# -- why a search stopped, and what each phase cost ----------------------------------------------------------
+
+
+class CountingRun:
+    """The simulator, counting the programs it runs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, program, schedule):
+        self.calls += 1
+        return simulate(program, schedule, record_timeline=False)
+
+
+def test_a_clean_search_stops_at_its_budget_with_every_run_in_the_generate_phase() -> None:
+    run = CountingRun()
+    result = search(load_design("war-after-launch"), run, examples=120, seed=0)
+    assert result.stop_reason is StopReason.EXAMPLES
+    assert [p.phase for p in result.phases] == list(PHASES)
+    runs = {p.phase: p.runs for p in result.phases}
+    assert runs == {"replay": 0, "generate": 120, "shrink": 0, "minimize": 0}
+    assert sum(runs.values()) == run.calls
+    assert 0 < sum(p.seconds for p in result.phases) <= result.seconds
+    assert result.statistics_line() == (
+        f"stopped: all 120 examples ran; phases: generate 120 run(s) {result.phases[1].seconds:.2f} s"
+    )
+
+
+def test_a_found_race_counts_its_runs_by_phase() -> None:
+    run = CountingRun()
+    result = search(load_design("global-war"), run, examples=500, seed=0, batch=1)
+    assert result.found and result.stop_reason is StopReason.FOUND
+    runs = {p.phase: p.runs for p in result.phases}
+    assert runs["replay"] == 0
+    assert runs["generate"] == result.first_manifested_example  # a run per example, the failing one included
+    assert runs["shrink"] > 0 and runs["minimize"] > 0
+    assert sum(runs.values()) == run.calls, "every run of the backend is counted in one phase"
+    assert "stopped: found a counterexample; phases: generate" in result.statistics_line()
+
+
+def test_a_search_whose_hypothesis_stops_drawing_early_says_so(monkeypatch) -> None:
+    from racefuzz.search import driver
+
+    real = driver.search_settings
+    # Hypothesis given fewer examples than the budget: it stops drawing first, as on a small space.
+    monkeypatch.setattr(driver, "search_settings", lambda n, **kw: real(max(1, n // 10), **kw))
+    result = search(load_design("war-after-launch"), simulate, examples=400, seed=0, batch=1)
+    assert result.examples < 400
+    assert result.stop_reason is StopReason.EXHAUSTED
+    assert result.statistics_line().startswith(f"stopped: Hypothesis drew no more after {result.examples} of 400")
+
+
+def test_an_interrupted_search_says_so_with_its_phases_so_far() -> None:
+    def stop_at(n: int) -> None:
+        if n == 50:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        search(load_design("war-after-launch"), simulate, examples=400, seed=0, on_example=stop_at)
+    partial = stopped.value.partial  # type: ignore[attr-defined]
+    assert partial.stop_reason is StopReason.INTERRUPTED
+    assert {p.phase: p.runs for p in partial.phases}["generate"] == 50
