@@ -28,7 +28,8 @@ from racefuzz.errors import InvalidArgument
 from racefuzz.hb import analysis
 from racefuzz.memory import in_order_loads
 from racefuzz.oracle import find_corruptions
-from racefuzz.results import PHASES, Flaky, Outcome, PhaseStatistics, SearchResult, StopReason
+from racefuzz.phases import SEARCH_PHASES, PhaseClock, StopReason
+from racefuzz.results import Flaky, Outcome, SearchResult
 from racefuzz.scenarios import Workload, check_hazards
 from racefuzz.schedule import ScheduleInfeasible
 from racefuzz.schedulers import DEFAULT_STRATEGY, delay_strategy
@@ -136,22 +137,13 @@ class Search:
         self.last_failing_draw: Draw | None = None
         self.racy_witness: tuple[Workload, Draw] | None = None
         self.failing_batch_draws = 0  # draws the failing batch made, for Hypothesis' replay of it
-        self.phase = PHASES[0]  # the phase now running, and what each has cost (`PhaseStatistics`)
-        self.phase_started = self.start
-        self.phase_runs = dict.fromkeys(PHASES, 0)
-        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
+        self.clock = PhaseClock(SEARCH_PHASES)  # the phase now running, what each has cost
 
-    # -- phases and runs ---------------------------------------------------------------------------------
-
-    def enter(self, phase: str) -> None:
-        """End the phase now running (its time is counted) and start `phase`."""
-        now = time.perf_counter()
-        self.phase_seconds[self.phase] += now - self.phase_started
-        self.phase, self.phase_started = phase, now
+    # -- runs ----------------------------------------------------------------------------------------------
 
     def execute(self, program, schedule):
         """One run of `program` by the backend, counted in the phase now running."""
-        self.phase_runs[self.phase] += 1
+        self.clock.count_run()
         return self.run_program(program, schedule)
 
     # -- one example -------------------------------------------------------------------------------------
@@ -184,7 +176,7 @@ class Search:
         workload, program, schedule = example.workload, example.program, example.schedule
         try:
             if started is not None:
-                self.phase_runs[self.phase] += 1
+                self.clock.count_run()
                 execution = started.finish()
             else:
                 execution = self.execute(program, schedule)
@@ -220,7 +212,7 @@ class Search:
                 self.manifested += 1
                 self._detected(manifested=True)
                 self.shrinking = True
-                self.enter("shrink")
+                self.clock.enter("shrink")
                 self.failing_draw = example.key
             self.last_failure = Outcome(workload, schedule, program, execution, corruptions, [])
             self.last_failing_draw = example.key
@@ -289,7 +281,7 @@ class Search:
         batch, pair = self.batch, self.pair
         if self.counted >= self.examples:
             return
-        self.enter("generate")
+        self.clock.enter("generate")
 
         # A failing batch is not shrunk as a batch: its other members would cost a replay for every change
         # the shrinker tried on them (10x the runs, measured on the simulator). Its failing member is shrunk
@@ -388,7 +380,7 @@ class Search:
                 self.shrink_member()
             assert self.last_failure is not None
             self.corpus.save(self.last_failing_draw or self.failing_draw)  # type: ignore[arg-type]
-            self.enter("minimize")
+            self.clock.enter("minimize")
             counterexample = finish_manifested(
                 self.last_failure,
                 self.design,
@@ -401,7 +393,7 @@ class Search:
         elif self.racy_witness is not None:
             witness, draw = self.racy_witness
             self.corpus.save(draw)
-            self.enter("minimize")
+            self.clock.enter("minimize")
             workloads = self.space.strategy().map(self.space.decode)
             counterexample = finish_unordered(witness, self.design, workloads, self.seed, shrink=self.shrink)
         if counterexample is not None:
@@ -413,7 +405,7 @@ class Search:
         return self._summary(counterexample, reason)
 
     def _summary(self, counterexample: Outcome | None, reason: StopReason) -> SearchResult:
-        self.enter(self.phase)  # count the time of the phase still running
+        phases = self.clock.statistics()  # before the total, which then includes every phase
         detection, manifested = self.first_detection, self.first_manifested
         return SearchResult(
             design=self.design,
@@ -434,7 +426,7 @@ class Search:
             infeasible=self.infeasible,
             stop_reason=reason,
             budget=self.examples,
-            phases=tuple(PhaseStatistics(name, self.phase_runs[name], self.phase_seconds[name]) for name in PHASES),
+            phases=phases,
         )
 
 

@@ -7,7 +7,7 @@ import pytest
 from racefuzz import InvalidArgument
 from racefuzz.backends import executor
 from racefuzz.designs import load_design
-from racefuzz.results import PHASES, StopReason
+from racefuzz.phases import SEARCH_PHASES, StopReason
 from racefuzz.schedule import NO_DELAYS
 from racefuzz.search import search
 from racefuzz.sim import simulate
@@ -108,7 +108,7 @@ def test_a_clean_search_stops_at_its_budget_with_every_run_in_the_generate_phase
     run = CountingRun()
     result = search(load_design("war-after-launch"), run, examples=120, seed=0)
     assert result.stop_reason is StopReason.EXAMPLES
-    assert [p.phase for p in result.phases] == list(PHASES)
+    assert [p.phase for p in result.phases] == list(SEARCH_PHASES)
     runs = {p.phase: p.runs for p in result.phases}
     assert runs == {"replay": 0, "generate": 120, "shrink": 0, "minimize": 0}
     assert sum(runs.values()) == run.calls
