@@ -112,6 +112,8 @@ def render(result: TraceResult, replay_path: Path | None = None) -> str:
             )
         if replay_path is not None:
             replay = f"racefuzz trace --replay {replay_path}"
+    if result.searched and result.phases:
+        findings.append(f"value search {result.statistics_line()}")
     return layout(
         Report(
             tool="racefuzz trace",

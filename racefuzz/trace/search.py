@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from racefuzz.confirm import Confirmation
 from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
+from racefuzz.phases import TRACE_PHASES, PhaseClock, PhaseStatistics, StopReason, stop_line
 from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
 from racefuzz.trace.convert import TraceRace, judge_trace
 from racefuzz.trace.model import TraceLaunch
@@ -116,6 +117,8 @@ class WorkloadSearch:
             `shrink_capped`: it stopped at its budget, so `workload` is the smallest found, not a minimum.
         confirmed / confirm_runs: re-recordings of `workload` that failed with `race` (k of k counts).
         replayed: saved failing workloads tried before drawing any.
+        stop_reason / phases: why the workload search stopped and what each phase cost (`racefuzz.phases`;
+            a run is a judgement of one workload: its recording and, on a GPU, its delay search).
     """
 
     workload: Any = None
@@ -128,10 +131,17 @@ class WorkloadSearch:
     confirmed: int = 0
     confirm_runs: int = 0
     replayed: int = 0
+    stop_reason: StopReason = StopReason.EXAMPLES
+    phases: tuple[PhaseStatistics, ...] = ()
+    budget: int = 0
 
     @property
     def confirmation(self) -> Confirmation | None:
         return None if self.workload is None else Confirmation(self.confirmed, self.confirm_runs)
+
+    def statistics_line(self) -> str:
+        """`stopped: ...; phases: ...` of the workload search (`racefuzz.phases.stop_line`)."""
+        return "workloads " + stop_line(self.stop_reason, self.phases, self.examples, self.budget)
 
 
 @dataclass
@@ -161,6 +171,8 @@ class TraceResult:
         orders_unsearched: why the search drew no forced order though there are candidates ("": it did,
             or it did not run at all: `skipped`).
         infeasible: fuzzed runs whose gate timed out (an order the run could not keep): not judged.
+        stop_reason / phases / budget: why the value search stopped, what each of `TRACE_PHASES` cost
+            (runs of the step), and the fuzzed runs asked for (`racefuzz.phases`).
     """
 
     step: str
@@ -182,6 +194,13 @@ class TraceResult:
     candidate_orders: list[PointOrder] = field(default_factory=list)
     orders_unsearched: str = ""
     infeasible: int = 0
+    stop_reason: StopReason = StopReason.SKIPPED
+    phases: tuple[PhaseStatistics, ...] = ()
+    budget: int = 0
+
+    def statistics_line(self) -> str:
+        """`stopped: ...; phases: ...` of the value search (`racefuzz.phases.stop_line`)."""
+        return stop_line(self.stop_reason, self.phases, self.examples, self.budget)
 
     @property
     def delays(self) -> list[DelayPoint]:
@@ -558,19 +577,24 @@ def fuzz(
     device = resolve_device(device)
     if not run_kernels and device != "cpu":
         raise ValueError("run_kernels=False is for CPU recording: on a GPU the kernels run")
+    clock = PhaseClock(TRACE_PHASES)
+    clock.count_run()
     reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
     judgement = judge_trace(reference.trace)
     result = TraceResult(step_name(step), device, reference, judgement.races, latent=judgement.latent)
     result.candidate_orders = candidate_orders(reference, judgement.races)
+    result.budget = examples
     ordinals = watched_ordinals(reference, watch)  # an unknown name is an error on the CPU too
     if examples == 0:
         result.skipped = "with --examples 0 (happens-before only: the step was recorded once)"
+        result.phases = clock.statistics()
         return result
     if device == "cpu":
         result.skipped = (
             "on the CPU (it executes eagerly: a delay cannot reorder anything there, nor can a forced order hold a "
             "launch back; forced orders need a GPU)"
         )
+        result.phases = clock.statistics()
         return result
     facts = None
     if forced_orders and result.candidate_orders:
@@ -580,8 +604,13 @@ def fuzz(
         result.orders_unsearched = "forced_orders=False"
 
     def serialized_runs(runs: int) -> Nondeterminism:
+        back = clock.phase
+        clock.enter("reference")
         result.serialized_runs += runs
-        return without_the_schedule(step, device, reference, ordinals, runs)
+        clock.runs["reference"] += runs
+        learned = without_the_schedule(step, device, reference, ordinals, runs)
+        clock.enter(back)
+        return learned
 
     started = time.perf_counter()
     learned = serialized_runs(SERIALIZED_REPEATS)
@@ -590,16 +619,22 @@ def fuzz(
         compared = masked(reference, learned)
 
         def attempt(schedule: Schedule, compared: RunRecord = compared) -> Divergence | None:
+            clock.count_run()
             try:
                 run = run_with_delays(step, device, compared, schedule, ordinals)
             except ScheduleInfeasible:  # a gate timed out: the run did not keep its orders, it is not judged
                 result.infeasible += 1
                 return None
-            return judge_run(compared, run, ordinals)
+            divergence = judge_run(compared, run, ordinals)
+            if divergence is not None and clock.phase == "generate":
+                clock.enter("shrink")  # Hypothesis shrinks from the first divergence on
+            return divergence
 
+        clock.enter("replay")
         schedule, divergence = _first_saved_failure(candidates, attempt, saved, result)
         candidates = []
         if divergence is None and result.examples < examples:
+            clock.enter("generate")
             schedule, divergence, ran = search_schedules(
                 launch_points(reference),
                 attempt,
@@ -618,6 +653,7 @@ def fuzz(
         grown = learned | serialized_runs(confirm)
         if grown == learned:
             result.schedule, result.divergence = schedule, divergence
+            clock.enter("confirm")
             confirmation = confirm_k_of_k(lambda found=schedule: attempt(found) is not None, confirm)
             result.confirmed, result.confirm_runs = confirmation.reproduced, confirmation.runs
             if confirmation.confirmed and saved is not None and not schedule.orders:
@@ -627,6 +663,15 @@ def fuzz(
     result.nondeterministic = learned
     if learned.unstable:
         result.skipped = f"(it cannot judge this step: {learned.unstable})"
+    if result.skipped:
+        result.stop_reason = StopReason.SKIPPED
+    elif result.divergence is not None:
+        result.stop_reason = StopReason.FOUND
+    elif result.examples < examples:  # Hypothesis stopped drawing first (few launch points, say)
+        result.stop_reason = StopReason.EXHAUSTED
+    else:
+        result.stop_reason = StopReason.EXAMPLES
+    result.phases = clock.statistics()
     result.seconds = time.perf_counter() - started
     return result
 
@@ -687,14 +732,17 @@ def fuzz_workloads(
     if examples < 1:
         raise ValueError(f"a workload search draws at least one workload, not {examples}")
     judge_options["examples"] = examples if delay_examples is None else delay_examples
-    search = WorkloadSearch()
+    search = WorkloadSearch(budget=examples)
     started = time.perf_counter()
+    clock = PhaseClock(TRACE_PHASES)
+    clock.enter("replay")
     judged: dict[str, TraceResult] = {}
     last: list[TraceResult] = []
 
     def judge(workload: Any) -> TraceResult:
         key = repr(workload)
         if key not in judged:
+            clock.count_run()
             judged[key] = fuzz(bound_step(step, workload), device=device, watch=watch, confirm=confirm, **judge_options)
         last[:] = [judged[key]]
         return judged[key]
@@ -711,6 +759,7 @@ def fuzz_workloads(
             saved.delete(choices)
 
     if found is None:
+        clock.enter("generate")
         failures: list[tuple[Any, Choices]] = []
         error: list[BaseException] = []
         shrink_began: list[float] = []
@@ -748,6 +797,7 @@ def fuzz_workloads(
             if keys and not failures:
                 search.race, search.drawn = keys[0], workload
                 shrink_began.append(time.perf_counter())
+                clock.enter("shrink")
             if search.race and search.race in keys:
                 failures.append((workload, tuple(current_build_context().data.choices)))
                 raise _Failed
@@ -765,6 +815,8 @@ def fuzz_workloads(
             found = failures[-1]  # Hypothesis replays the smallest failing example last
     if found is None:
         result = last[0]  # Hypothesis ran at least one example: `examples` >= 1
+        search.stop_reason = StopReason.EXHAUSTED if search.examples < examples else StopReason.EXAMPLES
+        search.phases = clock.statistics()
         result.workloads = search
         result.seconds = time.perf_counter() - started
         return result
@@ -772,16 +824,18 @@ def fuzz_workloads(
     search.workload = workload
     result = judged[repr(workload)]
     # The shrunk workload re-recorded k times, each a fresh judgement, failing with the same race each time.
-    confirmation = confirm_k_of_k(
-        lambda: (
-            search.race
-            in race_keys(fuzz(bound_step(step, workload), device=device, watch=watch, confirm=confirm, **judge_options))
-        ),
-        confirm,
-    )
+    clock.enter("confirm")
+
+    def rerecorded() -> bool:
+        clock.count_run()
+        fresh = fuzz(bound_step(step, workload), device=device, watch=watch, confirm=confirm, **judge_options)
+        return search.race in race_keys(fresh)
+
+    confirmation = confirm_k_of_k(rerecorded, confirm)
     search.confirmed, search.confirm_runs = confirmation.reproduced, confirmation.runs
     if confirmation.confirmed and saved is not None:
         saved.save(search.choices, workload)
+    search.stop_reason, search.phases = StopReason.FOUND, clock.statistics()
     result.workloads = search
     result.seconds = time.perf_counter() - started
     return result

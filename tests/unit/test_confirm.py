@@ -12,6 +12,7 @@ import pytest
 
 from racefuzz import Schedule, find_races, simulate
 from racefuzz.designs import load_design
+from racefuzz.phases import TRACE_PHASES, StopReason
 from racefuzz.scenarios.sglang import RequestSpec, Workload, build_program
 from racefuzz.schedule import NO_DELAYS
 from racefuzz.search.finish import finish_manifested
@@ -214,3 +215,45 @@ def test_confirm_refuses_a_k_or_seen_out_of_range(k: int, seen: int) -> None:
 
     with pytest.raises(ValueError):
         confirm(lambda: True, k, seen=seen)
+
+
+# -- the trace's value search: why it stopped, what each phase cost -------------------------------------
+
+
+def test_a_trace_divergence_found_says_so_with_its_runs_by_phase(scripted_trace) -> None:
+    from racefuzz.trace.example import synced_step
+    from racefuzz.trace.search import fuzz
+
+    scripted, judged = scripted_trace
+    scripted[:] = [True, True, True, True]
+    result = fuzz(synced_step, confirm=3)
+    assert result.stop_reason is StopReason.FOUND
+    runs = {p.phase: p.runs for p in result.phases}
+    assert list(runs) == list(TRACE_PHASES)
+    # the reference and the serialized runs that learn what varies; the search's attempt; the k re-runs
+    assert runs == {"reference": result.serialized_runs, "replay": 0, "generate": 1, "shrink": 0, "confirm": 3}
+    assert runs["generate"] + runs["confirm"] == len(judged)
+    assert result.statistics_line().startswith("stopped: found a counterexample; phases: reference ")
+
+
+def test_a_trace_search_that_hypothesis_ends_early_is_exhausted_not_spent(scripted_trace) -> None:
+    from racefuzz.trace.example import synced_step
+    from racefuzz.trace.report import render
+    from racefuzz.trace.search import fuzz
+
+    scripted, _ = scripted_trace
+    scripted[:] = [False]
+    result = fuzz(synced_step, confirm=3, examples=200)  # the scripted search draws one schedule only
+    assert result.divergence is None and result.examples == 1
+    assert result.stop_reason is StopReason.EXHAUSTED
+    assert "value search stopped: Hypothesis drew no more after 1 of 200 examples" in render(result)
+
+
+def test_a_trace_on_the_cpu_says_its_value_search_did_not_run() -> None:
+    pytest.importorskip("torch")
+    from racefuzz.trace.example import synced_step
+    from racefuzz.trace.search import fuzz
+
+    result = fuzz(synced_step, device="cpu")
+    assert result.stop_reason is StopReason.SKIPPED
+    assert {p.phase: p.runs for p in result.phases}["reference"] == 1

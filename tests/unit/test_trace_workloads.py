@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.database import InMemoryExampleDatabase  # noqa: E402
 
+from racefuzz.phases import StopReason  # noqa: E402
 from racefuzz.search.corpus import WorkloadCorpus, workload_corpus_key  # noqa: E402
 from racefuzz.trace.search import fuzz, step_name  # noqa: E402
 
@@ -54,6 +55,9 @@ def test_a_race_that_needs_two_items_shrinks_to_exactly_the_minimal_workload() -
     assert (search.confirmed, search.confirm_runs) == (3, 3)
     assert search.examples >= 1 and search.shrink_runs >= 1 and not search.shrink_capped
     assert [str(r.race.kind) for r in result.races] == ["WAR"]  # the result judges the shrunk workload
+    runs = {p.phase: p.runs for p in search.phases}
+    assert search.stop_reason is StopReason.FOUND
+    assert (runs["generate"], runs["shrink"], runs["confirm"]) == (search.examples, search.shrink_runs, 3)
 
 
 def test_a_shrunk_workload_that_races_in_only_some_of_its_k_re_recordings_is_not_a_race(monkeypatch) -> None:
@@ -105,6 +109,7 @@ def test_the_failure_database_keeps_the_shrunk_workload_and_replays_it_first(str
     second = fuzz(read_then_rewrite, examples=1, **options)
     assert second.racy and second.workloads.workload == [0, 0]
     assert (second.workloads.replayed, second.workloads.examples, second.workloads.shrink_runs) == (1, 0, 0)
+    assert {p.phase: p.runs for p in second.workloads.phases}["replay"] == 1
     # Fixed (the same key, the rewrite ordered after the read): the entry is tried, found clean, deleted.
     third = fuzz(ordered_rewrite, examples=5, **options)
     assert not third.racy and third.workloads.replayed == 1 and saved.saved() == []
@@ -118,6 +123,9 @@ def test_a_clean_step_over_drawn_workloads_stays_clean_beside_its_racy_control()
     control = fuzz(read_then_rewrite, workloads=ROWS, device="cpu", examples=60, seed=1)
     assert control.racy and control.workloads.workload == [0, 0]  # the same draws race without the order
     assert not clean.racy and clean.workloads.workload is None and clean.workloads.examples == 60
+    assert clean.workloads.stop_reason is StopReason.EXAMPLES
+    line = clean.workloads.statistics_line()
+    assert line.startswith("workloads stopped: all 60 examples ran; phases: generate 60 run(s)")
     assert not clean.races
 
 
