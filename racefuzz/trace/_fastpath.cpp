@@ -407,7 +407,7 @@ PyObject* known_key(PyObject* state, uintptr_t base) {
 // Attribute names the free callback reads from the recorder, interned once (`PyInit`).
 struct Names {
   PyObject *active, *paused, *builder, *storage_table, *buffers, *streams, *free_infos, *host_count, *after_host,
-      *ops, *watched, *address_of, *epochs, *alloc_streams, *keys, *recorded_streams, *cols, *name;
+      *ops, *watched, *address_of, *epochs, *alloc_streams, *keys, *recorded_streams, *cols, *name, *new_buffer;
 };
 Names names;
 
@@ -424,7 +424,8 @@ bool intern_names() {
                       Entry{&names.watched, "watched"}, Entry{&names.address_of, "address_of"},
                       Entry{&names.epochs, "epochs"}, Entry{&names.alloc_streams, "alloc_streams"},
                       Entry{&names.keys, "keys"}, Entry{&names.recorded_streams, "recorded_streams"},
-                      Entry{&names.cols, "cols"}, Entry{&names.name, "name"}}) {
+                      Entry{&names.cols, "cols"}, Entry{&names.name, "name"},
+                      Entry{&names.new_buffer, "new_buffer"}}) {
     *entry.slot = PyUnicode_InternFromString(entry.text);
     if (*entry.slot == nullptr) {
       return false;
@@ -706,12 +707,17 @@ PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
     if (stream != nullptr) {
       Py_INCREF(allocated_on);
     }
-    record = allocated_on == nullptr
-                 ? nullptr
-                 : PyObject_CallMethod(PyTuple_GET_ITEM(state, BUILDER), "new_buffer", "OLLLO", name,
-                                       static_cast<long long>(storage.nbytes()), static_cast<long long>(itemsize),
-                                       static_cast<long long>(row_bytes), allocated_on);
-    Py_XDECREF(allocated_on);
+    PyObject* nbytes = allocated_on == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(storage.nbytes()));
+    PyObject* size = nbytes == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(itemsize));
+    PyObject* row = size == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(row_bytes));
+    if (row != nullptr) {
+      // `builder.new_buffer(name, nbytes, itemsize, row_bytes, allocated_on)`, the name interned.
+      PyObject* call[] = {PyTuple_GET_ITEM(state, BUILDER), name, nbytes, size, row, allocated_on};
+      record = PyObject_VectorcallMethod(names.new_buffer, call, 6, nullptr);
+    }
+    for (PyObject* held : {allocated_on, nbytes, size, row}) {
+      Py_XDECREF(held);
+    }
   }
   ok = record != nullptr;
   PyObject* python_storage = ok ? THPStorage_Wrap(storage) : nullptr;

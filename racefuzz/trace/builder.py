@@ -32,11 +32,9 @@ from types import MappingProxyType
 from racefuzz.program import (
     Allocation,
     Buffer,
-    BufferId,
     CellRange,
     DeviceSync,
     Event,
-    EventId,
     EventSync,
     Launch,
     Op,
@@ -56,8 +54,36 @@ HOST_ORDER = "host-order"
 """The event the host stream records after each host access (see the module doc)."""
 
 _tuple_new = tuple.__new__
-"""Makes an op (a NamedTuple) from all its fields without its Python `__new__` (the launch path's hottest
-line: every field is given)."""
+"""Makes an op or a cell range (a NamedTuple) from all its fields without its Python `__new__` (the launch
+path's hottest lines: every field is given)."""
+
+_object_new = object.__new__
+_SET_EVENT = (Event.__dict__["id"].__set__, Event.__dict__["name"].__set__)
+_SET_BUFFER = tuple(Buffer.__dict__[name].__set__ for name in ("id", "name", "rows", "cols", "fill", "allocation"))
+"""The slot setters of `Buffer`'s fields, in order."""
+
+
+def _event(key: int, name: str) -> Event:
+    """`Event(key, name)`, made as `_buffer` makes a buffer: every `wait_stream` records a new event."""
+    event = _object_new(Event)
+    set_id, set_name = _SET_EVENT
+    set_id(event, key)
+    set_name(event, name)
+    return event
+
+
+def _buffer(key: int, name: str, cols: int, allocation: Allocation) -> Buffer:
+    """`Buffer(key, name, 1, cols, 0, allocation)`, made as its frozen `__init__` makes it (each slot set once)
+    without that `__init__`'s per-field overhead: a fresh output makes one per op (a third of its cost)."""
+    buffer = _object_new(Buffer)
+    set_id, set_name, set_rows, set_cols, set_fill, set_allocation = _SET_BUFFER
+    set_id(buffer, key)
+    set_name(buffer, name)
+    set_rows(buffer, 1)
+    set_cols(buffer, cols)
+    set_fill(buffer, 0)
+    set_allocation(buffer, allocation)
+    return buffer
 
 
 class ProgramBuilder:
@@ -108,15 +134,15 @@ class ProgramBuilder:
         """The event `name`, made at its first use."""
         found = self.events.get(name)
         if found is None:
-            found = self.events[name] = Event(EventId(len(self.events)), name)
+            found = self.events[name] = _event(len(self.events), name)
         return found
 
     def new_buffer(self, name: str, nbytes: int, itemsize: int, row_bytes: int, allocated_on: str) -> int:
         """A new storage's buffer (one row of `nbytes` bytes); returns its id, the next one."""
-        key = len(self.buffers)
-        self.buffers.append(
-            Buffer(BufferId(key), name, 1, max(nbytes, 1), 0, Allocation(itemsize, row_bytes, allocated_on))
-        )
+        buffers = self.buffers
+        key = len(buffers)
+        allocation = _tuple_new(Allocation, (itemsize, row_bytes, allocated_on))
+        buffers.append(_buffer(key, name, nbytes if nbytes > 1 else 1, allocation))
         return key
 
     def replace_buffer(self, key: int, name: str, allocation: Allocation) -> None:
@@ -191,20 +217,35 @@ class ProgramBuilder:
     def free(self, key: int, stream: str, source: str) -> None:
         """The free of buffer `key`'s block, allocated on `stream`: a write of all of it there."""
         buffer = self.buffers[key]
-        whole = (CellRange(buffer, 0, 1, 0, buffer.cols),)
+        whole = (_tuple_new(CellRange, (buffer, 0, 1, 0, buffer.cols)),)
         self.launch(stream, f"free({buffer.name})", "free", (), whole, source)
 
     def record(self, event: str, stream: str) -> None:
         """`event.record(stream)`."""
-        self.order_after_host(stream)
+        if self.host_count[0]:
+            self.order_after_host(stream)
+        events = self.events
+        recorded = events.get(event)
+        if recorded is None:  # `event(event)`, inline: a CPU run's `wait_stream` records a new event each time
+            recorded = events[event] = _event(len(events), event)
+        on = self.streams.get(stream)
+        if on is None:
+            on = self.stream(stream)
         ops = self.ops
-        ops.append(_tuple_new(Record, (len(ops), self.event(event), self.stream(stream))))
+        ops.append(_tuple_new(Record, (len(ops), recorded, on)))
 
     def wait(self, stream: str, event: str) -> None:
         """`stream.wait_event(event)` (and the wait half of `stream.wait_stream(other)`)."""
-        self.order_after_host(stream)
+        if self.host_count[0]:
+            self.order_after_host(stream)
+        waited = self.events.get(event)
+        if waited is None:
+            waited = self.event(event)
+        on = self.streams.get(stream)
+        if on is None:
+            on = self.stream(stream)
         ops = self.ops
-        ops.append(_tuple_new(WaitEvent, (len(ops), self.stream(stream), self.event(event))))
+        ops.append(_tuple_new(WaitEvent, (len(ops), on, waited)))
 
     def stream_sync(self, stream: str) -> None:
         """The host blocked until `stream` drained (`stream.synchronize()`, `.item()`, a blocking copy)."""
