@@ -90,9 +90,9 @@ class OrderFacts:
     """The reference run's happens-before, asked about launch points: which orders can be forced.
 
     Built on the core's: the reference run's `Program` (host syncs and host accesses included), its
-    `racefuzz.hb.analysis` and the forced-order set of the model's `orders`
-    scheduler (`racefuzz.schedulers.orders.ForcedSet`: reachability over happens-before plus the orders
-    already forced)."""
+    `racefuzz.hb.analysis` and the forced-order set of the model's `orders` scheduler
+    (`racefuzz.schedulers.orders.ForcedSet`: reachability over happens-before plus the orders already
+    forced)."""
 
     def __init__(self, reference: Any) -> None:
         from racefuzz.hb import analysis

@@ -2,12 +2,12 @@
 
 A storage is keyed by its base address and its epoch there: a block freed and handed out again is a new
 storage (the next epoch of its address). Its key is its buffer's id in the recording's program
-(`racefuzz.trace.builder.ProgramBuilder.buffers`): one number names a storage everywhere. `StorageTable` owns
-that bookkeeping for the Python path
-(`racefuzz.trace.recorder.Recorder`) and the C++ fast path (`_fastpath.cpp`) alike: both read and write the
-same public containers (named in `Recorder.fast_state`), and both go through `StorageTable.watch` for a
-storage seen at a new address. A watched storage's death (its weak reference's callback) is its free,
-recorded by the recorder (`Recorder.on_free`), which ends its epoch here (`end_epoch`).
+(`racefuzz.trace.builder.ProgramBuilder.buffers`): one number names a storage everywhere. `StorageTable`
+owns that bookkeeping for the Python path (`racefuzz.trace.recorder.Recorder`) and the C++ fast path
+(`_fastpath.cpp`) alike: both read and write the same public containers (named in `Recorder.fast_state`),
+and both go through `StorageTable.watch` for a storage seen at a new address. A watched storage's death (its
+weak reference's callback) is its free, recorded by the recorder (`Recorder.on_free`), which ends its epoch
+here (`end_epoch`).
 """
 
 from __future__ import annotations

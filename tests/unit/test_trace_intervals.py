@@ -8,7 +8,8 @@ from collections.abc import Callable
 from racefuzz.program import CellRange, Program
 from racefuzz.trace.builder import HOST, ProgramBuilder, launch_source
 from racefuzz.trace.intervals import MAX_RUNS, merge, overlap, view_intervals
-from racefuzz.trace.judge import trace_races
+from racefuzz.trace.judge import judge, trace_races
+from racefuzz.trace.lifetime import with_reuse
 from racefuzz.trace.report import race_text
 
 # A 4 x 16 int32 table: 64 bytes per row.
@@ -155,3 +156,29 @@ def test_a_storage_is_a_one_row_buffer_of_its_bytes():
     (cells,) = program.launches[0].reads
     assert (cells.row0, cells.row1, cells.col0, cells.col1) == (0, 1, ROW, 2 * ROW)
     assert program.launches[0].kernel == "read" and cells.describe() == "req_to_token[1, 0:16]"
+
+
+def test_a_free_moved_to_its_reuse_keeps_its_index_and_the_host_order_is_emitted_again():
+    builder = ProgramBuilder()
+    used = builder.new_buffer("used", 64, 4, 0, "side")
+    reusing = builder.new_buffer("reusing", 64, 4, 0, "side")
+    host_side = builder.new_buffer("pinned", 64, 4, 0, "")
+
+    def whole(key: int) -> tuple[CellRange, ...]:
+        return (CellRange(builder.buffers[key], 0, 1, 0, 64),)
+
+    builder.stream("side")
+    builder.launch("forward", "read", "torch", whole(used), (), "step.py:1")
+    builder.launch(HOST, "host fills pinned", "host", (), whole(host_side), "step.py:2")
+    builder.free(used, "side", "step.py:3")  # side waits on the host order first
+    builder.launch("side", "write", "torch", (), whole(reusing), "step.py:4")  # the reuse of used's block
+    program = builder.program()
+    kinds = [type(op).__name__ for op in program.ops]
+    assert kinds == ["Launch", "Launch", "Record", "WaitEvent", "Launch", "Launch"]
+    judged = judge(program)
+    (race,) = judged.races
+    assert race.second.index == 4 and program.ops[4].kernel == "free(used)"  # the recorded free's index
+    assert race.second.kernel == "free(used), its block reused by write (step.py:4)" and judged.latent == []
+    moved, origin, unreused = with_reuse(program)
+    assert [type(op).__name__ for op in moved.ops] == kinds  # one host-order wait, before the moved free
+    assert [origin[op.index] for op in moved.ops] == [0, 1, -1, -1, 4, 5] and unreused == set()
