@@ -129,8 +129,8 @@ def test_copies_to_the_gpu_are_launches_writing_a_new_storage_and_torch_tensor_s
     assert type(record.program.ops[copied.index + 1]).__name__ == "StreamSync"  # a blocking `.to("cuda")`
     assert type(record.program.ops[streamed.index + 1]).__name__ != "StreamSync"
     assert not made.reads and not copied.reads and len(streamed.reads) == 1  # the pinned buffer, on the stream
-    written = {copy.writes[0].storage for copy in copies}
-    freed = {op.writes[0].storage for op in ops if getattr(op, "info", {}).get("kind", "") == "free"}
+    written = {copy.writes[0].buffer.id for copy in copies}
+    freed = {op.writes[0].buffer.id for op in ops if getattr(op, "info", {}).get("kind", "") == "free"}
     assert len(written) == 3 and written <= freed
     assert trace_races(record.program) == []
 
@@ -152,7 +152,7 @@ def test_a_host_write_to_a_pinned_buffer_a_non_blocking_copy_may_still_read_is_a
 
     found = races(lambda env: step(env, synced=False))
     print(*found, sep="\n")
-    assert len(found) == 1 and {found[0].first.stream, found[0].second.stream} == {"side", "host"}
+    assert len(found) == 1 and {found[0].first.stream.name, found[0].second.stream.name} == {"side", "host"}
     assert races(lambda env: step(env, synced=True)) == []
 
 
@@ -198,7 +198,7 @@ def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
     print(*launches, sep="\n")
     assert [op.info["kind"] for op in launches] == ["torch", "free", "torch", "torch", "free"]  # `second` dies last
     ones, free, zeros, add, _ = launches
-    assert ones.writes[0].storage == free.writes[0].storage != zeros.writes[0].storage == add.writes[0].storage
+    assert ones.writes[0].buffer.id == free.writes[0].buffer.id != zeros.writes[0].buffer.id == add.writes[0].buffer.id
     assert trace_races(trace) == []
 
 

@@ -69,9 +69,9 @@ def test_a_gather_reads_only_its_rows_on_the_gpu_as_on_the_cpu(gather):
 
 
 def test_a_gpu_run_that_is_not_serialized_keeps_the_whole_view_and_says_so():
-    trace = run_once(gather_step("index_select", 2), "cuda").program
-    assert trace.whole_view_indexing == ["aten.index_select.default"]
-    assert [r.where for r in trace_races(trace)] == [("req_to_token[2, 0:2]",)]
+    record = run_once(gather_step("index_select", 2), "cuda")
+    assert record.whole_view_indexing == ["aten.index_select.default"]
+    assert [r.where for r in trace_races(record.program)] == [("req_to_token[2, 0:2]",)]
 
 
 def test_a_race_free_gather_beside_a_gather_of_the_written_row_on_the_gpu():

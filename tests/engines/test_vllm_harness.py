@@ -119,7 +119,7 @@ def test_an_index_array_write_records_the_bounding_range() -> None:
     writes = [op for op in run_once(step, "cpu").program.ops if getattr(op, "kernel", "") == host_memory.HOST_WRITE]
     assert len(writes) == 1
     (access,) = writes[0].writes
-    assert access.intervals == ((0, 48),)  # rows 0 to 2, 4 int32 each: the bounding range of rows 0 and 2
+    assert (access.col0, access.col1) == (0, 48)  # rows 0 to 2, 4 int32 each: the bounding range of rows 0 and 2
 
 
 # Sources and the CLI.
