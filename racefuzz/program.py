@@ -51,9 +51,27 @@ class Event:
         return f"{self.name}#{self.id}"
 
 
+class Allocation(NamedTuple):
+    """What a traced step's buffer is: one allocation (one epoch of one device block) that the step touched,
+    seen as a 1 x nbytes buffer of bytes (`racefuzz.trace.builder`).
+
+    Args:
+        itemsize: the element size of the tensor first seen on it (to print byte ranges as elements).
+        row_bytes: bytes per row when it was first seen as a 2-D table, else 0 (to print `R[row, c0:c1]`).
+        allocated_on: the stream it was allocated on while recording; "" for a block made before the
+            recording or a pinned host block (no stream's pool): what the lifetime model
+            (`racefuzz.trace.lifetime`) takes as an allocation that may reuse a freed block.
+    """
+
+    itemsize: int = 1
+    row_bytes: int = 0
+    allocated_on: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Buffer:
-    """A 2-D int32 device table such as `req_to_token[rows, cols]`, initially filled with `fill`.
+    """A 2-D int32 device table such as `req_to_token[rows, cols]`, initially filled with `fill`; or, with an
+    `allocation`, the bytes of one block a traced step touched (one row of `cols` bytes).
 
     Indexing a buffer makes a `CellRange`: `buf[row, c0:c1]`, `buf[r0:r1, c0:c1]`.
     """
@@ -63,6 +81,7 @@ class Buffer:
     rows: int
     cols: int
     fill: int = 0
+    allocation: Allocation | None = None
 
     def __getitem__(self, key: tuple[int | slice, int | slice]) -> CellRange:
         if type(key) is not tuple or len(key) != 2:
@@ -137,6 +156,21 @@ class CellRange(NamedTuple):
     def to_json(self) -> list[int]:
         return [self.row0, self.row1, self.col0, self.col1]
 
+    def describe(self) -> str:
+        """`str(self)`; for a traced buffer's bytes (`Buffer.allocation`), `req_to_token[1, 4:8]` for a byte
+        range inside one row of its table, else elements (`name[4:8] (flat)`) or bytes."""
+        allocation = self.buffer.allocation
+        if allocation is None:
+            return str(self)
+        name, start, end, size = self.buffer.name, self.col0, self.col1, allocation.itemsize
+        if start % size or end % size:
+            return f"{name} bytes [{start}, {end})"
+        row_bytes = allocation.row_bytes
+        if row_bytes and start // row_bytes == (end - 1) // row_bytes:
+            row, base = divmod(start, row_bytes)
+            return f"{name}[{row}, {base // size}:{base // size + (end - start) // size}]"
+        return f"{name}[{start // size}:{end // size}] (flat)"
+
 
 class Launch(NamedTuple):
     """A kernel on `stream` that loads `reads` and stores `values[i]` into `writes[i]`.
@@ -147,7 +181,8 @@ class Launch(NamedTuple):
         kernel: the kernel's name, e.g. `prefill_write`, `block_gather`.
         reads: the cells it loads; what it loaded is its observation.
         writes: the cells it stores.
-        values: one int32 array per write, shaped like the write's rectangle.
+        values: one int32 array per write, shaped like the write's rectangle; () for a traced launch (its
+            values live on the device).
         cost_us: its duration without injected delay, or None for the backend's default.
         info: where it comes from (iteration, request, ...), for reports.
         unused_from: `reads[unused_from:]` are loaded but their values are not used (masked columns, such as
@@ -369,3 +404,120 @@ def per_program(derive: Callable[[Program], D]) -> Callable[[Program], D]:
         return result
 
     return functools.update_wrapper(memoized, derive)
+
+
+def program_to_json(program: Program) -> dict[str, object]:
+    """`program` as plain JSON (`program_from_json` reads it back equal): streams and events by name,
+    buffers with their allocations, ops by type with their objects as indices and cell ranges as
+    `[buffer, row0, row1, col0, col1]`. Committed traces of real code let CPU CI judge steps recorded on a
+    GPU; a launch's `info` must hold JSON values."""
+
+    def cells(ranges: tuple[CellRange, ...]) -> list[list[int]]:
+        return [[c.buffer.id, c.row0, c.row1, c.col0, c.col1] for c in ranges]
+
+    ops: list[dict[str, object]] = []
+    for op in program.ops:
+        kind = type(op).__name__
+        if type(op) is Launch:
+            entry: dict[str, object] = {
+                "op": kind,
+                "stream": op.stream.id,
+                "kernel": op.kernel,
+                "reads": cells(op.reads),
+                "writes": cells(op.writes),
+            }
+            if op.values:
+                entry["values"] = [np.asarray(v).tolist() for v in op.values]
+            if op.cost_us is not None:
+                entry["cost_us"] = op.cost_us
+            if op.info:
+                entry["info"] = dict(op.info)
+            if op.unused_from is not None:
+                entry["unused_from"] = op.unused_from
+        else:
+            entry = {"op": kind}
+            for name, value in op._asdict().items():
+                if name != "index":
+                    entry[name] = value.id if isinstance(value, (Stream, Event)) else value
+        ops.append(entry)
+    return {
+        "streams": [s.name for s in program.streams],
+        "events": [e.name for e in program.events],
+        "buffers": [
+            {
+                "name": b.name,
+                "rows": b.rows,
+                "cols": b.cols,
+                "fill": b.fill,
+                **({"allocation": list(b.allocation)} if b.allocation is not None else {}),
+            }
+            for b in program.buffers
+        ],
+        "ops": ops,
+        "violations": list(program.violations),
+    }
+
+
+_JSON_OP_TYPES: Mapping[str, type] = MappingProxyType({op_type.__name__: op_type for op_type in OP_TYPES})
+
+
+def program_from_json(data: Mapping[str, Any]) -> Program:
+    """The `Program` that `program_to_json` wrote; `InvalidProgram` for JSON that is not one."""
+    try:
+        streams = tuple(Stream(StreamId(i), str(name)) for i, name in enumerate(data["streams"]))
+        events = tuple(Event(EventId(i), str(name)) for i, name in enumerate(data["events"]))
+        buffers = tuple(
+            Buffer(
+                BufferId(i),
+                str(b["name"]),
+                int(b["rows"]),
+                int(b["cols"]),
+                int(b.get("fill", 0)),
+                Allocation(int(b["allocation"][0]), int(b["allocation"][1]), str(b["allocation"][2]))
+                if "allocation" in b
+                else None,
+            )
+            for i, b in enumerate(data["buffers"])
+        )
+
+        def cells(items: list) -> tuple[CellRange, ...]:
+            return tuple(CellRange(buffers[b], int(r0), int(r1), int(c0), int(c1)) for b, r0, r1, c0, c1 in items)
+
+        ops: list[Op] = []
+        for raw in data["ops"]:
+            op_type = _JSON_OP_TYPES[raw["op"]]
+            index = len(ops)
+            if op_type is Launch:
+                writes = cells(raw["writes"])
+                values = (
+                    tuple(
+                        np.asarray(v, dtype=np.int32).reshape(w.shape)
+                        for v, w in zip(raw["values"], writes, strict=True)
+                    )
+                    if "values" in raw
+                    else ()
+                )
+                ops.append(
+                    Launch(
+                        index,
+                        streams[raw["stream"]],
+                        str(raw["kernel"]),
+                        cells(raw["reads"]),
+                        writes,
+                        values,
+                        raw.get("cost_us"),
+                        MappingProxyType(dict(raw.get("info", {}))),
+                        raw.get("unused_from"),
+                    )
+                )
+                continue
+            fields: dict[str, Any] = {}
+            for name in op_type._fields[1:]:  # type: ignore[attr-defined]
+                value = raw[name]
+                fields[name] = (
+                    events[value] if name == "event" else streams[value] if name in ("stream", "other") else value
+                )
+            ops.append(op_type(index, **fields))
+        return Program(streams, events, buffers, tuple(ops), tuple(str(v) for v in data.get("violations", ())))
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        raise InvalidProgram(f"not a program's JSON: {type(error).__name__}: {error}") from None

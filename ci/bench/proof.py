@@ -189,7 +189,7 @@ def cost_main(design: str, rounds: int, device: str = "cuda") -> int:
     step = real_kernels.step_for(design)
     figures = _step_cost(step, rounds, device, run_kernels)
     record = run_once(step, device, evaluate_annotations=False, snapshot_plan={}, run_kernels=run_kernels)
-    launches, events = len(record.launch_ops), len(record.trace.ops)
+    launches, events = len(record.launch_ops), len(record.builder.ops)
     print(
         f"COST design={design} step_median_us={figures['step_median_us']:.1f} "
         f"step_installed_median_us={figures['step_installed_median_us']:.1f} "

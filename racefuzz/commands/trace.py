@@ -421,7 +421,7 @@ def replay_trace(
     On the GPU a re-run whose gate timed out did not keep the file's orders: it is said, and not counted."""
     from racefuzz.confirm import confirm
     from racefuzz.schedule import ScheduleInfeasible
-    from racefuzz.trace.convert import judge_trace
+    from racefuzz.trace.judge import judge
     from racefuzz.trace.oracle import masked
     from racefuzz.trace.orders import schedule_text
     from racefuzz.trace.report import latent_lines, race_text
@@ -453,7 +453,7 @@ def replay_trace(
     check_delay_points(path, schedule, reference)
     ordinals = watched_ordinals(reference, watch)
     print(f"racefuzz trace --replay {path}: {spec} on {device}, {schedule_text(schedule)}")
-    judgement = judge_trace(reference.trace)
+    judgement = judge(reference.program)
     races = judgement.races
     if device == "cpu":
         print(

@@ -1,7 +1,8 @@
 // The recorder's C++ fast path for torch ops: from the dispatch mode, an op that writes only its arguments
 // (an in-place or `out=` op); below torch's dispatcher (see "The dispatcher entry"), those and ops that
 // return fresh tensors. `Recorder.launch_op` / `launch` and what they call (`OpSchemas.accesses`,
-// `current_stream`, `user_source`, `_access`): the same trace op built from the same dicts, without
+// `current_stream`, `user_source`, `_access`): the same program op built from the same dicts, through the same
+// `racefuzz.trace.builder.ProgramBuilder` containers, without
 // Python's per-op interpretation. Built and loaded by `racefuzz.trace.fastpath`; the Python path stays the
 // reference (tests/unit/test_trace_fastpath.py runs both on the same steps and compares the traces).
 //
@@ -10,8 +11,8 @@
 //   tensor off the GPU in a GPU run, a stream or a frame it has not seen yet): the caller then takes the
 //   Python path, which records it (and teaches the caches: the next such op is fast);
 // * an op that writes nothing (a view, a metadata op) is called and not recorded, as the Python path does;
-// * otherwise: the delay (`recorder.delay`), the call `func(*args, **kwargs)`, the `TraceLaunch` appended
-//   with its accesses, the snapshots (`recorder.after_launch`); returns what `func` returned. Anything unusual
+// * otherwise: the delay (`recorder.delay`), the call `func(*args, **kwargs)`, the `Launch` appended
+//   with its accesses as cell ranges of its storages' buffers (after a host-order wait if one is due), the snapshots (`recorder.after_launch`); returns what `func` returned. Anything unusual
 //   after the call (a strided view, an unknown storage) is handed to the recorder's own Python methods.
 #include <Python.h>
 #include <frameobject.h>
@@ -38,18 +39,23 @@
 namespace {
 
 // Indices into the state tuple `pack_state(fields)` makes of the dict `Recorder.fast_state()` builds (the
-// recorder's own containers and its storage table's), by the names in `STATE_NAMES`: the protocol between
-// the two languages is the names; the positions are this file's own.
+// recorder's own containers, its storage table's and its program builder's), by the names in `STATE_NAMES`:
+// the protocol between the two languages is the names; the positions are this file's own.
 enum State {
   RECORDER,
   BAIL,
+  BUILDER,
   OPS,
+  BUFFERS,
+  TORCH_INFOS,
+  HOST_COUNT,
+  AFTER_HOST,
   LAUNCH_OPS,
   STORAGE_TABLE,
   KEYS,
   EPOCHS,
   STREAM_NAMES,
-  SEEN_STREAMS,
+  STREAMS,
   DELAYS,
   SNAPSHOTS_OR_SYNCS,
   ON_GPU,
@@ -60,7 +66,6 @@ enum State {
   ADDRESS_OF,
   WATCHED,
   GIVEN_NAMES,
-  STORAGES,
   KEEP,
   WATCH_FREES,
   RECORDER_REF,
@@ -70,19 +75,18 @@ enum State {
 // The key of each `State` field in `Recorder.fast_state()`'s dict, in `State`'s order (the module's
 // `STATE_FIELDS`, which `racefuzz.trace.fastpath` checks against the recorder's before it packs a state).
 const char* const STATE_NAMES[STATE_SIZE] = {
-    "recorder",      "bail",        "ops",           "launch_ops",       "storage_table", "keys",
-    "epochs",        "stream_names", "seen_streams", "delays",           "snapshots_or_syncs",
-    "on_gpu",        "raw_stream",  "device_index",  "alloc_streams",    "recorded_streams",
-    "address_of",    "watched",     "given_names",   "storages",         "keep",
-    "watch_frees",   "recorder_ref"};
+    "recorder",     "bail",          "builder",      "ops",          "buffers",      "torch_infos",
+    "host_count",   "after_host",    "launch_ops",   "storage_table", "keys",        "epochs",
+    "stream_names", "streams",       "delays",       "snapshots_or_syncs",           "on_gpu",
+    "raw_stream",   "device_index",  "alloc_streams", "recorded_streams",            "address_of",
+    "watched",      "given_names",   "keep",         "watch_frees",  "recorder_ref"};
 
 // Indices into the tuple `configure` packs of the dict `racefuzz.trace.recorder.fast_constants()` gives it (by
-// the names in `CONSTANT_NAMES`): the trace's types and `user_source`'s caches and helpers, the same for
+// the names in `CONSTANT_NAMES`): the program's types and `user_source`'s caches and helpers, the same for
 // every recorder of the process.
 enum Constant {
-  TRACE_LAUNCH,
-  ACCESS,
-  STORAGE,
+  LAUNCH,
+  CELL_RANGE,
   LIBRARY_CODE,
   SOURCES,
   CODE_IS_LIBRARY,
@@ -90,15 +94,15 @@ enum Constant {
   KIND_TORCH,
   KIND_FREE,
   KIND_COPY,
-  TRACE_STREAM_SYNC,
+  STREAM_SYNC,
   CONSTANTS_SIZE
 };
 
 // The key of each `Constant` in `fast_constants()`'s dict, in `Constant`'s order (the module's
 // `CONSTANT_FIELDS`).
 const char* const CONSTANT_NAMES[CONSTANTS_SIZE] = {
-    "trace_launch", "access",    "storage",   "library_code", "sources",          "code_is_library",
-    "frame_source", "kind_torch", "kind_free", "kind_copy",   "trace_stream_sync"};
+    "launch",     "cell_range", "library_code", "sources",   "code_is_library", "frame_source",
+    "kind_torch", "kind_free",  "kind_copy",    "stream_sync"};
 
 // The names `names` as a tuple of str (a new reference), or nullptr with an exception.
 PyObject* name_tuple(const char* const* names, Py_ssize_t size) {
@@ -243,6 +247,86 @@ PyObject* make(PyObject* type, PyObject* fields) {
   return untracked(made);
 }
 
+// `CellRange(buffers[key], 0, 1, start, end)`: bytes [start, end) of storage `key` as a cell range of its
+// buffer (`racefuzz.trace.builder`); a new reference, or nullptr with an exception.
+PyObject* cell_range(PyObject* buffers, PyObject* key, long long start, long long end) {
+  const Py_ssize_t id = PyLong_AsSsize_t(key);
+  if (id < 0 || id >= PyList_GET_SIZE(buffers)) {
+    if (!PyErr_Occurred()) {
+      PyErr_Format(PyExc_KeyError, "storage %R has no buffer", key);
+    }
+    return nullptr;
+  }
+  PyObject* fields = Py_BuildValue("(OiiLL)", PyList_GET_ITEM(buffers, id), 0, 1, start, end);
+  if (fields == nullptr) {
+    return nullptr;
+  }
+  PyObject* made = make(constant(CELL_RANGE), fields);
+  Py_DECREF(fields);
+  return made;
+}
+
+// `ProgramBuilder.order_after_host(stream)` when it has something to do: the host accesses emitted so far
+// (`host_count[0]`) are more than `stream` is ordered after (`after_host`). False with a Python exception.
+bool order_after_host(PyObject* builder, PyObject* host_count, PyObject* after_host, PyObject* stream) {
+  const long count = PyLong_AsLong(PyList_GET_ITEM(host_count, 0));
+  if (count == 0) {
+    return true;
+  }
+  PyObject* seen = PyDict_GetItemWithError(after_host, stream);  // borrowed
+  if (seen == nullptr && PyErr_Occurred()) {
+    return false;
+  }
+  if (seen != nullptr && PyLong_AsLong(seen) >= count) {
+    return true;
+  }
+  PyObject* none = PyObject_CallMethod(builder, "order_after_host", "O", stream);
+  Py_XDECREF(none);
+  return none != nullptr;
+}
+
+// The `Launch.info` of a launch of `kind` at `source` (a new reference): from `cached` (the builder's
+// source -> info of that kind), else `ProgramBuilder.info` (which fills it). nullptr with an exception.
+PyObject* launch_info(PyObject* builder, PyObject* cached, PyObject* kind, PyObject* source) {
+  PyObject* info = cached == nullptr ? nullptr : PyDict_GetItemWithError(cached, source);  // borrowed
+  if (info != nullptr) {
+    Py_INCREF(info);
+    return info;
+  }
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  return PyObject_CallMethod(builder, "info", "OOO", kind, source, Py_False);
+}
+
+// `Launch(index, streams[stream], kernel, reads, writes, (), None, info, None)` appended to `ops` (the
+// builder's), the index `len(ops)`: a new reference to the index, or nullptr with an exception.
+PyObject* append_launch(PyObject* ops, PyObject* streams, PyObject* stream, PyObject* kernel, PyObject* reads,
+                        PyObject* writes, PyObject* info) {
+  PyObject* on = PyDict_GetItemWithError(streams, stream);  // borrowed: a stream seen has its `Stream`
+  if (on == nullptr) {
+    if (!PyErr_Occurred()) {
+      PyErr_Format(PyExc_KeyError, "stream %R has no Stream", stream);
+    }
+    return nullptr;
+  }
+  PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
+  PyObject* no_values = index == nullptr ? nullptr : PyTuple_New(0);
+  PyObject* fields = no_values == nullptr
+                         ? nullptr
+                         : PyTuple_Pack(9, index, on, kernel, reads, writes, no_values, Py_None, info, Py_None);
+  Py_XDECREF(no_values);
+  PyObject* op = fields == nullptr ? nullptr : make(constant(LAUNCH), fields);
+  Py_XDECREF(fields);
+  const bool appended = op != nullptr && PyList_Append(ops, op) == 0;
+  Py_XDECREF(op);
+  if (!appended) {
+    Py_XDECREF(index);
+    return nullptr;
+  }
+  return index;
+}
+
 // The stream name of the current stream (a new reference), or nullptr (no exception) for one not seen yet.
 PyObject* current_stream(PyObject* state) {
   PyObject* name;
@@ -268,7 +352,7 @@ PyObject* current_stream(PyObject* state) {
       return nullptr;
     }
   }
-  if (name != nullptr && PySet_Contains(PyTuple_GET_ITEM(state, SEEN_STREAMS), name) != 1) {
+  if (name != nullptr && PyDict_Contains(PyTuple_GET_ITEM(state, STREAMS), name) != 1) {
     Py_DECREF(name);
     return nullptr;
   }
@@ -322,8 +406,8 @@ PyObject* known_key(PyObject* state, uintptr_t base) {
 
 // Attribute names the free callback reads from the recorder, interned once (`PyInit`).
 struct Names {
-  PyObject *active, *paused, *record, *trace, *storage_table, *storages, *ops, *watched, *address_of, *epochs,
-      *alloc_streams, *keys, *recorded_streams, *nbytes, *name;
+  PyObject *active, *paused, *builder, *storage_table, *buffers, *streams, *free_infos, *host_count, *after_host,
+      *ops, *watched, *address_of, *epochs, *alloc_streams, *keys, *recorded_streams, *cols, *name, *new_buffer;
 };
 Names names;
 
@@ -332,13 +416,16 @@ bool intern_names() {
     PyObject** slot;
     const char* text;
   };
-  for (Entry entry : {Entry{&names.active, "active"}, Entry{&names.paused, "paused"}, Entry{&names.record, "record"},
-                      Entry{&names.trace, "trace"}, Entry{&names.storage_table, "storage_table"},
-                      Entry{&names.storages, "storages"}, Entry{&names.ops, "ops"}, Entry{&names.watched, "watched"},
-                      Entry{&names.address_of, "address_of"}, Entry{&names.epochs, "epochs"},
-                      Entry{&names.alloc_streams, "alloc_streams"}, Entry{&names.keys, "keys"},
-                      Entry{&names.recorded_streams, "recorded_streams"},
-                      Entry{&names.nbytes, "nbytes"}, Entry{&names.name, "name"}}) {
+  for (Entry entry : {Entry{&names.active, "active"}, Entry{&names.paused, "paused"},
+                      Entry{&names.builder, "builder"}, Entry{&names.storage_table, "storage_table"},
+                      Entry{&names.buffers, "buffers"}, Entry{&names.streams, "streams"},
+                      Entry{&names.free_infos, "free_infos"}, Entry{&names.host_count, "host_count"},
+                      Entry{&names.after_host, "after_host"}, Entry{&names.ops, "ops"},
+                      Entry{&names.watched, "watched"}, Entry{&names.address_of, "address_of"},
+                      Entry{&names.epochs, "epochs"}, Entry{&names.alloc_streams, "alloc_streams"},
+                      Entry{&names.keys, "keys"}, Entry{&names.recorded_streams, "recorded_streams"},
+                      Entry{&names.cols, "cols"}, Entry{&names.name, "name"},
+                      Entry{&names.new_buffer, "new_buffer"}}) {
     *entry.slot = PyUnicode_InternFromString(entry.text);
     if (*entry.slot == nullptr) {
       return false;
@@ -371,41 +458,40 @@ PyObject* get_or_zero(PyObject* dictionary, PyObject* key) {
   return PyErr_Occurred() ? nullptr : PyLong_FromLong(0);
 }
 
-// What the free callback needs of a recorder (its trace's ops) and of its storage table (`recorder.storage_table`:
-// the public containers of `racefuzz.trace.storages.StorageTable`), each a new reference (released by the
-// destructor).
+// What the free callback needs of a recorder: its program builder's containers (`recorder.builder`, a
+// `racefuzz.trace.builder.ProgramBuilder`) and its storage table's (`recorder.storage_table`: the public
+// containers of `racefuzz.trace.storages.StorageTable`), each a new reference (released by the destructor).
 struct FreeTargets {
-  PyObject *watched = nullptr, *address_of = nullptr, *epochs = nullptr, *alloc_stream = nullptr, *keys = nullptr,
-           *recorded_streams = nullptr, *storages = nullptr, *ops = nullptr;
+  PyObject *builder = nullptr, *buffers = nullptr, *streams = nullptr, *free_infos = nullptr, *host_count = nullptr,
+           *after_host = nullptr, *ops = nullptr, *watched = nullptr, *address_of = nullptr, *epochs = nullptr,
+           *alloc_stream = nullptr, *keys = nullptr, *recorded_streams = nullptr;
   bool load(PyObject* recorder) {
-    PyObject* record = PyObject_GetAttr(recorder, names.record);
-    PyObject* trace = record == nullptr ? nullptr : PyObject_GetAttr(record, names.trace);
-    Py_XDECREF(record);
-    if (trace == nullptr) {
-      return false;
-    }
-    ops = PyObject_GetAttr(trace, names.ops);
-    Py_DECREF(trace);
-    PyObject* table = ops == nullptr ? nullptr : PyObject_GetAttr(recorder, names.storage_table);
-    if (table == nullptr) {
-      return false;
-    }
     struct Slot {
       PyObject** target;
       PyObject* name;
     };
-    bool ok = true;
-    for (Slot slot : {Slot{&storages, names.storages}, Slot{&watched, names.watched},
-                      Slot{&address_of, names.address_of}, Slot{&epochs, names.epochs},
-                      Slot{&alloc_stream, names.alloc_streams}, Slot{&keys, names.keys},
+    builder = PyObject_GetAttr(recorder, names.builder);
+    bool ok = builder != nullptr;
+    for (Slot slot : {Slot{&buffers, names.buffers}, Slot{&streams, names.streams},
+                      Slot{&free_infos, names.free_infos}, Slot{&host_count, names.host_count},
+                      Slot{&after_host, names.after_host}, Slot{&ops, names.ops}}) {
+      ok = ok && (*slot.target = PyObject_GetAttr(builder, slot.name)) != nullptr;  // stops at the first error
+    }
+    PyObject* table = ok ? PyObject_GetAttr(recorder, names.storage_table) : nullptr;
+    if (table == nullptr) {
+      return false;
+    }
+    for (Slot slot : {Slot{&watched, names.watched}, Slot{&address_of, names.address_of},
+                      Slot{&epochs, names.epochs}, Slot{&alloc_stream, names.alloc_streams}, Slot{&keys, names.keys},
                       Slot{&recorded_streams, names.recorded_streams}}) {
-      ok = ok && (*slot.target = PyObject_GetAttr(table, slot.name)) != nullptr;  // stops at the first error
+      ok = ok && (*slot.target = PyObject_GetAttr(table, slot.name)) != nullptr;
     }
     Py_DECREF(table);
     return ok;
   }
   ~FreeTargets() {
-    for (PyObject* held : {watched, address_of, epochs, alloc_stream, keys, recorded_streams, storages, ops}) {
+    for (PyObject* held : {builder, buffers, streams, free_infos, host_count, after_host, ops, watched, address_of,
+                           epochs, alloc_stream, keys, recorded_streams}) {
       Py_XDECREF(held);
     }
   }
@@ -456,31 +542,28 @@ bool on_free(PyObject* recorder, PyObject* ptr) {
     Py_XDECREF(stream);
     return true;
   }
+  // `ProgramBuilder.free(key, stream, source)`: a write of the whole buffer on its allocation stream.
   Py_INCREF(key);
-  PyObject* storage = PyDict_GetItemWithError(at.storages, key);  // borrowed
-  PyObject* nbytes = storage == nullptr ? nullptr : PyObject_GetAttr(storage, names.nbytes);
-  PyObject* name = nbytes == nullptr ? nullptr : PyObject_GetAttr(storage, names.name);
-  PyObject* kernel = name == nullptr ? nullptr : PyUnicode_FromFormat("free(%S)", name);
-  PyObject* zero = kernel == nullptr ? nullptr : PyLong_FromLong(0);
-  PyObject* bounds = zero == nullptr ? nullptr : untracked(PyTuple_Pack(2, zero, nbytes));
-  PyObject* interval = bounds == nullptr ? nullptr : untracked(PyTuple_Pack(1, bounds));
-  PyObject* fields = interval == nullptr ? nullptr : PyTuple_Pack(2, key, interval);
-  PyObject* whole = fields == nullptr ? nullptr : make(constant(ACCESS), fields);
-  PyObject* writes = whole == nullptr ? nullptr : untracked(PyTuple_Pack(1, whole));
-  PyObject* source = writes == nullptr ? nullptr : user_source(PyEval_GetFrame());
-  PyObject* reads = source == nullptr ? nullptr : PyTuple_New(0);
-  // The index last, next to the append: a free that an allocation above ran (a collected cycle) comes first.
-  PyObject* index = reads == nullptr ? nullptr : PyLong_FromSsize_t(PyList_GET_SIZE(at.ops));
-  PyObject* op_fields = index == nullptr ? nullptr
-                                         : PyTuple_Pack(8, index, stream, kernel, constant(KIND_FREE), reads, writes,
-                                                        source, Py_False);
-  PyObject* op = op_fields == nullptr ? nullptr : make(constant(TRACE_LAUNCH), op_fields);
-  ok = op != nullptr && PyList_Append(at.ops, op) == 0;
-  if (!ok && storage == nullptr && !PyErr_Occurred()) {
+  const Py_ssize_t id = PyLong_AsSsize_t(key);
+  PyObject* buffer = id >= 0 && id < PyList_GET_SIZE(at.buffers) ? PyList_GET_ITEM(at.buffers, id) : nullptr;
+  if (buffer == nullptr && !PyErr_Occurred()) {
     PyErr_SetObject(PyExc_KeyError, key);
   }
-  for (PyObject* held : {key, stream, nbytes, name, kernel, zero, bounds, interval, fields, whole, writes, source,
-                         index, reads, op_fields, op}) {
+  PyObject* cols = buffer == nullptr ? nullptr : PyObject_GetAttr(buffer, names.cols);
+  PyObject* name = cols == nullptr ? nullptr : PyObject_GetAttr(buffer, names.name);
+  PyObject* kernel = name == nullptr ? nullptr : PyUnicode_FromFormat("free(%S)", name);
+  const long long nbytes = kernel == nullptr ? 0 : PyLong_AsLongLong(cols);
+  PyObject* whole = kernel == nullptr || PyErr_Occurred() ? nullptr : cell_range(at.buffers, key, 0, nbytes);
+  PyObject* writes = whole == nullptr ? nullptr : untracked(PyTuple_Pack(1, whole));
+  PyObject* source = writes == nullptr ? nullptr : user_source(PyEval_GetFrame());
+  PyObject* info = source == nullptr ? nullptr : launch_info(at.builder, at.free_infos, constant(KIND_FREE), source);
+  PyObject* reads = info == nullptr ? nullptr : PyTuple_New(0);
+  // The host-order wait and the index last, next to the append: a free that an allocation above ran (a
+  // collected cycle) comes first.
+  ok = reads != nullptr && order_after_host(at.builder, at.host_count, at.after_host, stream);
+  PyObject* index = ok ? append_launch(at.ops, at.streams, stream, kernel, reads, writes, info) : nullptr;
+  ok = index != nullptr;
+  for (PyObject* held : {key, stream, cols, name, kernel, whole, writes, source, info, reads, index}) {
     Py_XDECREF(held);
   }
   return ok;
@@ -591,7 +674,8 @@ bool allocated(PyObject* state, const at::Tensor& tensor, PyObject* stream) {
 }
 
 // `StorageTable.key(tensor, label)` for a storage the recorder has no key for in its current epoch: a new
-// key (a new reference) and its `Storage` (named as the step named it, else `tmp<key> (<label>)`), the
+// key (a new reference) and its buffer (`ProgramBuilder.new_buffer`: named as the step named it, else
+// `tmp<key> (<label>)`), the
 // storage kept alive (frees not watched) or watched. nullptr with a Python exception.
 PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
   const c10::Storage& storage = tensor.storage();
@@ -601,7 +685,7 @@ PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
   PyObject* pair = epoch == nullptr ? nullptr : PyTuple_Pack(2, ptr, epoch);
   Py_XDECREF(epoch);
   PyObject* keys = PyTuple_GET_ITEM(state, KEYS);
-  PyObject* key = pair == nullptr ? nullptr : PyLong_FromSsize_t(PyDict_GET_SIZE(keys));
+  PyObject* key = pair == nullptr ? nullptr : PyLong_FromSsize_t(PyList_GET_SIZE(PyTuple_GET_ITEM(state, BUFFERS)));
   bool ok = key != nullptr && PyDict_SetItem(keys, pair, key) == 0;
   Py_XDECREF(pair);
   PyObject* given = ok ? PyDict_GetItemWithError(PyTuple_GET_ITEM(state, GIVEN_NAMES), ptr) : nullptr;  // borrowed
@@ -617,20 +701,25 @@ PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
   if (name != nullptr) {
     const int64_t itemsize = static_cast<int64_t>(tensor.itemsize());
     const int64_t row_bytes = tensor.dim() == 2 ? tensor.stride(0) * itemsize : 0;
-    // The stream `allocated` gave it (a fresh output: just before its first access), else "" (`Storage`).
+    // The stream `allocated` gave it (a fresh output: just before its first access), else "" (`Allocation`).
     PyObject* stream = PyDict_GetItemWithError(PyTuple_GET_ITEM(state, ALLOC_STREAM), ptr);  // borrowed
     PyObject* allocated_on = stream != nullptr ? stream : (PyErr_Occurred() ? nullptr : PyUnicode_FromString(""));
     if (stream != nullptr) {
       Py_INCREF(allocated_on);
     }
-    record = allocated_on == nullptr
-                 ? nullptr
-                 : PyObject_CallFunction(constant(STORAGE), "OOLLLO", key, name,
-                                         static_cast<long long>(storage.nbytes()), static_cast<long long>(itemsize),
-                                         static_cast<long long>(row_bytes), allocated_on);
-    Py_XDECREF(allocated_on);
+    PyObject* nbytes = allocated_on == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(storage.nbytes()));
+    PyObject* size = nbytes == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(itemsize));
+    PyObject* row = size == nullptr ? nullptr : PyLong_FromLongLong(static_cast<long long>(row_bytes));
+    if (row != nullptr) {
+      // `builder.new_buffer(name, nbytes, itemsize, row_bytes, allocated_on)`, the name interned.
+      PyObject* call[] = {PyTuple_GET_ITEM(state, BUILDER), name, nbytes, size, row, allocated_on};
+      record = PyObject_VectorcallMethod(names.new_buffer, call, 6, nullptr);
+    }
+    for (PyObject* held : {allocated_on, nbytes, size, row}) {
+      Py_XDECREF(held);
+    }
   }
-  ok = record != nullptr && PyDict_SetItem(PyTuple_GET_ITEM(state, STORAGES), key, record) == 0;
+  ok = record != nullptr;
   PyObject* python_storage = ok ? THPStorage_Wrap(storage) : nullptr;
   ok = python_storage != nullptr;
   if (ok && PyTuple_GET_ITEM(state, WATCH_FREES) != Py_True) {
@@ -649,7 +738,7 @@ PyObject* new_key(PyObject* state, const at::Tensor& tensor, PyObject* label) {
   return key;
 }
 
-// `Recorder._access` of one tensor (a new reference to a tuple of `Access`), or nullptr with an exception.
+// `Recorder._access` of one tensor (a new reference to a tuple of `CellRange`), or nullptr with an exception.
 PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
   PyObject* recorder = PyTuple_GET_ITEM(state, RECORDER);
   int64_t start = 0, nbytes = 0;
@@ -679,18 +768,9 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
       return nullptr;
     }
   }
-  PyObject* bounds =
-      untracked(Py_BuildValue("(LL)", static_cast<long long>(start), static_cast<long long>(start + nbytes)));
-  PyObject* interval = bounds == nullptr ? nullptr : untracked(PyTuple_Pack(1, bounds));
-  Py_XDECREF(bounds);
-  PyObject* fields = interval == nullptr ? nullptr : PyTuple_Pack(2, key, interval);
+  PyObject* item = cell_range(PyTuple_GET_ITEM(state, BUFFERS), key, static_cast<long long>(start),
+                              static_cast<long long>(start + nbytes));
   Py_DECREF(key);
-  Py_XDECREF(interval);
-  if (fields == nullptr) {
-    return nullptr;
-  }
-  PyObject* item = make(constant(ACCESS), fields);
-  Py_DECREF(fields);
   if (item == nullptr) {
     return nullptr;
   }
@@ -700,8 +780,8 @@ PyObject* access(PyObject* state, PyObject* tensor, PyObject* label) {
 }
 
 // `Recorder.merged_accesses` of several non-empty contiguous tensors on storages it knows already (an op's
-// inputs, the common case): their byte intervals merged per storage, storages in first-seen order, as it
-// does. nullptr without an exception where the recorder must do it itself (a strided or empty view, a
+// inputs, the common case): their byte intervals merged per storage, storages in first-seen order, as cell
+// ranges of their buffers, as it does. nullptr without an exception where the recorder must do it itself (a strided or empty view, a
 // storage new to it); nullptr with one on an error.
 PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
   struct Part {
@@ -732,10 +812,12 @@ PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
     }
     same->second.emplace_back(part.start, part.end);
   }
-  PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(by_storage.size()));
-  if (result == nullptr) {
-    return nullptr;
-  }
+  std::vector<PyObject*> ranges;  // new references, per storage in first-seen order, each's sorted
+  auto release = [&ranges]() {
+    for (PyObject* range : ranges) {
+      Py_DECREF(range);
+    }
+  };
   for (size_t k = 0; k < by_storage.size(); ++k) {
     auto& intervals = by_storage[k].second;
     std::sort(intervals.begin(), intervals.end());
@@ -747,24 +829,22 @@ PyObject* known_merged_accesses(PyObject* state, PyObject* tensors) {
         merged.push_back(interval);
       }
     }
-    PyObject* runs = PyTuple_New(static_cast<Py_ssize_t>(merged.size()));
-    for (size_t m = 0; runs != nullptr && m < merged.size(); ++m) {
-      PyObject* bounds = untracked(Py_BuildValue("(LL)", merged[m].first, merged[m].second));
-      if (bounds == nullptr) {
-        Py_CLEAR(runs);
-        break;
+    for (const auto& run : merged) {
+      PyObject* item = cell_range(PyTuple_GET_ITEM(state, BUFFERS), by_storage[k].first, run.first, run.second);
+      if (item == nullptr) {
+        release();
+        return nullptr;
       }
-      PyTuple_SET_ITEM(runs, m, bounds);
+      ranges.push_back(item);
     }
-    PyObject* fields = runs == nullptr ? nullptr : PyTuple_Pack(2, by_storage[k].first, untracked(runs));
-    Py_XDECREF(runs);
-    PyObject* item = fields == nullptr ? nullptr : make(constant(ACCESS), fields);
-    Py_XDECREF(fields);
-    if (item == nullptr) {
-      Py_DECREF(result);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(result, k, item);
+  }
+  PyObject* result = PyTuple_New(static_cast<Py_ssize_t>(ranges.size()));
+  if (result == nullptr) {
+    release();
+    return nullptr;
+  }
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    PyTuple_SET_ITEM(result, static_cast<Py_ssize_t>(k), ranges[k]);  // steals
   }
   return untracked(result);
 }
@@ -861,7 +941,8 @@ Collected begin(PyObject* state, Pending& pending) {
   return Collected::OK;
 }
 
-// After the launch: its accesses, the `TraceLaunch` of kind `kind` (default "torch") appended, the snapshots
+// After the launch: its accesses, the `Launch` of kind `kind` (default "torch") appended as
+// `ProgramBuilder.launch` appends it (a host-order wait first if one is due), the snapshots
 // (`recorder.after_launch`). False with a Python exception.
 bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind = nullptr) {
   PyObject* write_access = accesses(state, pending.written, label);
@@ -873,21 +954,22 @@ bool finish(PyObject* state, Pending& pending, PyObject* label, PyObject* kind =
     Py_DECREF(write_access);
     return false;
   }
-  PyObject* ops = PyTuple_GET_ITEM(state, OPS);
+  PyObject* builder = PyTuple_GET_ITEM(state, BUILDER);
   PyObject* launch_ops = PyTuple_GET_ITEM(state, LAUNCH_OPS);
   Py_ssize_t ordinal = PyList_GET_SIZE(launch_ops);
+  const bool torch_kind = kind == nullptr || kind == constant(KIND_TORCH);
+  PyObject* info = launch_info(builder, torch_kind ? PyTuple_GET_ITEM(state, TORCH_INFOS) : nullptr,
+                               torch_kind ? constant(KIND_TORCH) : kind, pending.source);
   // The index after the accesses: a new storage seen there may have recorded a free first (`StorageTable.watch`).
-  PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
-  PyObject* fields = index == nullptr ? nullptr
-                                      : PyTuple_Pack(8, index, pending.stream, label,
-                                                     kind != nullptr ? kind : constant(KIND_TORCH), read_access,
-                                                     write_access, pending.source, Py_False);
+  PyObject* index = info == nullptr || !order_after_host(builder, PyTuple_GET_ITEM(state, HOST_COUNT),
+                                                         PyTuple_GET_ITEM(state, AFTER_HOST), pending.stream)
+                        ? nullptr
+                        : append_launch(PyTuple_GET_ITEM(state, OPS), PyTuple_GET_ITEM(state, STREAMS),
+                                        pending.stream, label, read_access, write_access, info);
   Py_DECREF(read_access);
   Py_DECREF(write_access);
-  PyObject* op = fields == nullptr ? nullptr : make(constant(TRACE_LAUNCH), fields);
-  Py_XDECREF(fields);
-  bool appended = op != nullptr && PyList_Append(ops, op) == 0 && PyList_Append(launch_ops, index) == 0;
-  Py_XDECREF(op);
+  Py_XDECREF(info);
+  bool appended = index != nullptr && PyList_Append(launch_ops, index) == 0;
   Py_XDECREF(index);
   if (!appended) {
     return false;
@@ -1433,8 +1515,10 @@ bool lifted_copy(const torch::jit::Stack& stack, PyObject* state, Pending& pendi
   }
   PyObject* ops = PyTuple_GET_ITEM(state, OPS);
   PyObject* index = PyLong_FromSsize_t(PyList_GET_SIZE(ops));
-  PyObject* fields = index == nullptr ? nullptr : PyTuple_Pack(2, index, pending.stream);
-  PyObject* sync = fields == nullptr ? nullptr : make(constant(TRACE_STREAM_SYNC), fields);
+  // A `StreamSync` of the stream's `Stream` (borrowed from the builder's streams: a stream seen has one).
+  PyObject* on = index == nullptr ? nullptr : PyDict_GetItemWithError(PyTuple_GET_ITEM(state, STREAMS), pending.stream);
+  PyObject* fields = on == nullptr ? nullptr : PyTuple_Pack(2, index, on);
+  PyObject* sync = fields == nullptr ? nullptr : make(constant(STREAM_SYNC), fields);
   ok = sync != nullptr && PyList_Append(ops, sync) == 0;
   Py_XDECREF(index);
   Py_XDECREF(fields);

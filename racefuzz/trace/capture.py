@@ -17,7 +17,7 @@ from threading import get_ident
 from typing import Any
 
 from racefuzz.trace import cuda_api, fastpath, graphs, op_schemas, torch_mode, torch_patches, triton_launches
-from racefuzz.trace.model import HOST
+from racefuzz.trace.builder import HOST
 from racefuzz.trace.op_schemas import TORCH_TENSOR_COPY
 from racefuzz.trace.recorder import ACTIVE, Recorder, active, fast_constants
 

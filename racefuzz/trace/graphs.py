@@ -10,12 +10,13 @@ and before its later work. A delay can be enqueued before or after a replay, nev
   a sync is refused by CUDA while a stream captures), and index ops and annotated kernels get their whole
   views (their index values at the capture are not those of a replay: a graph's inputs are refilled before
   each). The C++ fast path, which applies delays and snapshots itself, is off (the capture's dispatch
-  mode on the stack sends every op to the recorder's mode). At `end` those ops leave the trace and become
-  the graph's template; frees and the host's own accesses during the capture happened then and stay.
+  mode on the stack sends every op to the recorder's mode). At `end` those ops leave the program (the
+  builder takes them back: `ProgramBuilder.rewind`) and become the graph's template; frees and the host's own
+  accesses during the capture happened then and stay (emitted again: `ProgramBuilder.replay`).
   A host sync inside a capture is refused with a `UserCodeError`, as CUDA refuses it. Tensors allocated
   inside the capture are kept until the recording ends: their blocks are the graph's pool's, which a
   replay writes again (their free is no write on a stream), and no reuse of a block freed on the capture's
-  streams (`Storage.allocated_on` cleared).
+  streams (`Allocation.allocated_on` cleared).
 * **On the CPU** (`racefuzz.trace.torch_patches` gives a CPU recording `torch.cuda.CUDAGraph` and
   `torch.cuda.graph`) a captured torch op does not run either: its outputs are made from its meta kernel
   (`_outputs_without_running`), and the op runs at each replay on the same tensors (CUDA graphs' static
@@ -33,7 +34,6 @@ and before its later work. A delay can be enqueued before or after a replay, nev
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import weakref
 from collections.abc import Callable
@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from racefuzz.errors import UserCodeError
+from racefuzz.program import Launch, Record, WaitEvent
 from racefuzz.trace import fastpath
 from racefuzz.trace.annotations import WHOLE, annotation
-from racefuzz.trace.model import HOST, TraceLaunch, TraceRecord, TraceWait
+from racefuzz.trace.builder import HOST, launch_kind, launch_source, sets_assumed
 
 GRAPH_NODE = "graph"
 """The kind of a launch a replay ran (a node of the graph): no delay point of its own."""
@@ -59,7 +60,7 @@ class Template:
         name: `graph#k` (the k-th capture of the run).
         recorder: the recorder that captured it (a weak reference): a replay in another run is refused.
         stream: the capture stream (its ops go on the replay stream).
-        ops: the captured launches, records and waits.
+        ops: the captured launches, records and waits (program ops; no host-order op).
         calls: a CPU run's captured calls, run at each replay in order.
         kept: what the capture allocated (kept alive: see the module doc).
         replays: how many replays were recorded so far.
@@ -101,9 +102,9 @@ class Capture:
     def __init__(self, recorder: Any, template: Template, capture_mode: Callable[[list[Any]], Any]) -> None:
         self.recorder = recorder
         self.template = template
-        self.start_op = len(recorder.record.trace.ops)
+        self.start = recorder.builder.mark()
         self.start_ordinal = len(recorder.record.launch_ops)
-        self.start_storage = len(recorder.record.trace.storages)  # keys are 0, 1, ... in order of first sight
+        self.start_storage = len(recorder.builder.buffers)  # keys are 0, 1, ... in order of first sight
         self.saved = (recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing)
         recorder.delays, recorder.snapshot_plan, recorder.serialize, recorder.exact_indexing = {}, {}, False, False
         self.mode = capture_mode(template.kept)
@@ -210,24 +211,23 @@ def end(recorder: Any, graph: Any) -> None:
         return  # not begun in this recording: torch's own capture_end has said what is wrong, if anything
     capture.close()
     template = capture.template
-    ops, launch_ops = recorder.record.trace.ops, recorder.record.launch_ops
-    recorded = ops[capture.start_op :]
-    del ops[capture.start_op :]
-    del launch_ops[capture.start_ordinal :]
+    builder = recorder.builder
+    recorded = builder.rewind(capture.start)
+    del recorder.record.launch_ops[capture.start_ordinal :]
     for op in recorded:
-        if isinstance(op, TraceLaunch) and (op.kind == "free" or op.stream == HOST):
-            ops.append(op._replace(index=len(ops)))  # it happened at the capture: not a node
-        elif isinstance(op, (TraceLaunch, TraceRecord, TraceWait)):
+        if type(op) is Launch and (launch_kind(op) == "free" or op.stream.name == HOST):
+            builder.replay(op)  # it happened at the capture: not a node
+        elif type(op) is Launch or type(op) is Record or type(op) is WaitEvent:
             template.ops.append(op)
         else:
-            raise capture.refused(f"a host sync ({type(op).__name__.removeprefix('Trace')})")
+            raise capture.refused(f"a host sync ({type(op).__name__})")
     # A block the capture allocated is the graph pool's: no reuse of a block freed on its stream
     # (`racefuzz.trace.lifetime` takes a later allocation on a free's stream for one).
-    streams = {template.stream} | {op.stream for op in template.ops}
-    storages = recorder.record.trace.storages
-    for key, storage in list(storages.items()):
-        if key >= capture.start_storage and storage.allocated_on in streams:
-            storages[key] = dataclasses.replace(storage, allocated_on="")
+    streams = {template.stream} | {op.stream.name for op in template.ops}
+    for buffer in builder.buffers[capture.start_storage :]:
+        allocation = buffer.allocation
+        if allocation is not None and allocation.allocated_on in streams:
+            builder.replace_buffer(buffer.id, buffer.name, allocation._replace(allocated_on=""))
     unjoined = _unjoined(template)
     if unjoined is not None:
         raise UserCodeError(
@@ -243,15 +243,15 @@ def _unjoined(template: Template) -> str | None:
     into it) waits on later, if any: a branch CUDA's `capture_end` refuses."""
     ops = template.ops
     joined = {template.stream}
-    branches = {op.stream for op in ops} - joined
+    branches = {op.stream.name for op in ops} - joined
     grew = True
     while grew:
         grew = False
         for branch in sorted(branches - joined):
-            last = max(i for i, op in enumerate(ops) if op.stream == branch)
+            last = max(i for i, op in enumerate(ops) if op.stream.name == branch)
             end = ops[last]
-            if isinstance(end, TraceRecord) and any(
-                isinstance(op, TraceWait) and op.event == end.event and op.stream in joined for op in ops[last + 1 :]
+            if type(end) is Record and any(
+                type(op) is WaitEvent and op.event == end.event and op.stream.name in joined for op in ops[last + 1 :]
             ):
                 joined.add(branch)
                 grew = True
@@ -300,22 +300,24 @@ def replayed(recorder: Any, replay: Replay) -> None:
                     call()
         finally:
             recorder.paused -= 1
-    ops = recorder.record.trace.ops
+    builder = recorder.builder
     stream = recorder.current_stream()
-    where = ops[recorder.record.launch_ops[-1]].source  # the first boundary launch: the replay's own line
+    # The first boundary launch: the replay's own line.
+    where = launch_source(builder.ops[recorder.record.launch_ops[-1]])  # type: ignore[arg-type]
     suffix = f"{template.name} replay {replay.number}"
     at = f", in {suffix}" + (f" at {where}" if where else "")
     streams = {template.stream: stream}
     for op in template.ops:
-        on = streams.get(op.stream)
+        on = streams.get(op.stream.name)
         if on is None:
-            on = streams[op.stream] = f"{template.name}/{op.stream} replay {replay.number}"
-        if isinstance(op, TraceLaunch):
-            ops.append(op._replace(index=len(ops), stream=on, kind=GRAPH_NODE, source=op.source + at))
-        elif isinstance(op, TraceRecord):
-            recorder.on_record(op.event, on)
+            on = streams[op.stream.name] = f"{template.name}/{op.stream.name} replay {replay.number}"
+        if type(op) is Launch:
+            source = launch_source(op) + at
+            builder.launch(on, op.kernel, GRAPH_NODE, op.reads, op.writes, source, sets_assumed(op))
+        elif type(op) is Record:
+            recorder.on_record(op.event.name, on)
         else:
-            recorder.on_wait(op.event, on)  # a stream that joined the capture begins with one: it is named here
+            recorder.on_wait(op.event.name, on)  # a stream that joined the capture begins with one: it is named here
 
 
 def forget(graph: Any) -> None:

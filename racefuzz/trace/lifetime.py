@@ -8,23 +8,23 @@ still pending at the free is a race with that reuse, not with the free: none if 
 the use (the stream waited for it before allocating), and none yet if nothing allocates on that stream
 afterwards.
 
-`with_reuse(trace)` moves each free's write to its possible reuse: just before the first access of the
-first storage allocated on the free's stream (`Storage.allocated_on`) from the same pool (the caching
+`with_reuse(program)` moves each free's write to its possible reuse: just before the first access of the
+first buffer allocated on the free's stream (`Allocation.allocated_on`) from the same pool (the caching
 allocator keeps blocks of at most 1 MiB apart from larger ones; a block may be split or merged, so any size
 within the pool may get it), first accessed after the free, on the stream of that access. A free that no
-later allocation in the trace could reuse stays where it is: a race against it is a latent lifetime hazard
-(`racefuzz.trace.convert.judge_trace`): harmless in this trace, a corruption as soon as the program
-allocates on that stream again (the next iteration of a loop, a new code path), so it is said, not
-reported as a race.
+later allocation in the program could reuse stays where it is: a race against it is a latent lifetime hazard
+(`racefuzz.trace.judge.judge`): harmless in this trace, a corruption as soon as the program allocates on
+that stream again (the next iteration of a loop, a new code path), so it is said, not reported as a race.
 
-Pure (no torch): it reads the trace only. The reuse point is the new storage's first access, not its
-allocation (allocating touches no byte); a storage allocated before the free but first accessed after it is
+Pure (no torch): it reads the program only. The reuse point is the new buffer's first access, not its
+allocation (allocating touches no byte); a buffer allocated before the free but first accessed after it is
 taken as a reuse too (it cannot be handed the block: a race reported there is conservative).
 """
 
 from __future__ import annotations
 
-from racefuzz.trace.model import HOST, Trace, TraceLaunch, TraceOp
+from racefuzz.program import Launch, Op, Program
+from racefuzz.trace.builder import HOST, ProgramBuilder, is_host_order, launch_source
 
 SMALL_BLOCK_BYTES = 1 << 20
 """The caching allocator's small-pool limit (`kSmallSize`): a block of at most this many bytes is reused
@@ -36,54 +36,76 @@ def _pool(nbytes: int) -> bool:
     return nbytes <= SMALL_BLOCK_BYTES
 
 
-def reuse_points(trace: Trace) -> dict[int, int]:
-    """Position (in `trace.ops`) of each free with a possible reuse -> position of the op that reuses it (the
-    first access of a storage allocated later on the free's stream, from the same pool)."""
-    storages = trace.storages
+def _frees(program: Program) -> list[int]:
+    return [
+        op.index
+        for op in program.ops
+        if type(op) is Launch and op.stream.name != HOST and op.info.get("kind") == "free"
+    ]
+
+
+def reuse_points(program: Program) -> dict[int, int]:
+    """Index of each free with a possible reuse -> index of the op that reuses it (the first access of a
+    buffer allocated later on the free's stream, from the same pool). Buffers are `program.buffers[id]`
+    (the one mechanism naming a storage: its buffer id)."""
+    buffers = program.buffers
     pending: dict[tuple[str, bool], list[int]] = {}
     seen: set[int] = set()
     reused: dict[int, int] = {}
-    for position, op in enumerate(trace.ops):
-        if type(op) is not TraceLaunch or op.stream == HOST:
+    for op in program.ops:
+        if type(op) is not Launch or op.stream.name == HOST:
             continue
-        if op.kind == "free":
-            for access in op.writes:
-                seen.add(access.storage)
-                pending.setdefault((op.stream, _pool(storages[access.storage].nbytes)), []).append(position)
+        if op.info.get("kind") == "free":
+            for cells in op.writes:
+                key = cells.buffer.id
+                seen.add(key)
+                pending.setdefault((op.stream.name, _pool(buffers[key].cols)), []).append(op.index)
             continue
-        for access in op.writes + op.reads:
-            if access.storage in seen:
+        for cells in op.writes + op.reads:
+            key = cells.buffer.id
+            if key in seen:
                 continue
-            seen.add(access.storage)
-            storage = storages[access.storage]
-            if storage.allocated_on:
-                for free in pending.pop((storage.allocated_on, _pool(storage.nbytes)), ()):
-                    reused[free] = position
+            seen.add(key)
+            buffer = buffers[key]
+            allocated_on = buffer.allocation.allocated_on if buffer.allocation is not None else ""
+            if allocated_on:
+                for free in pending.pop((allocated_on, _pool(buffer.cols)), ()):
+                    reused[free] = op.index
     return reused
 
 
-def with_reuse(trace: Trace) -> tuple[Trace, set[int]]:
-    """`trace` with each free's write moved to its reuse (see the module doc), and the `index` of every free
-    left where it was (no reuse in the trace). A moved free keeps its index and source (where the block was
-    released: where a `record_stream` or a wait belongs) and names the reuse in its kernel."""
-    reused = reuse_points(trace)
-    ops = trace.ops
-    unreused = {op.index for op in ops if type(op) is TraceLaunch and op.kind == "free" and op.stream != HOST}
+def with_reuse(program: Program) -> tuple[Program, list[int], set[int]]:
+    """`program` with each free's write moved to its reuse (see the module doc); for each op of the moved
+    program the index of the op it stands for in `program`; and the index of every free left where it was
+    (no reuse in the program). A moved free names the reuse in its kernel and is on the reuse's stream; the
+    host order is emitted again for the moved order (`ProgramBuilder.replay`), as the recorder emits it."""
+    reused = reuse_points(program)
+    unreused = set(_frees(program)) - set(reused)
+    ops = program.ops
     if not reused:
-        return trace, unreused
-    at_reuse: dict[int, list[TraceLaunch]] = {}
-    for free_position, reuse_position in reused.items():
-        free, reuser = ops[free_position], ops[reuse_position]
-        assert type(free) is TraceLaunch and type(reuser) is TraceLaunch
-        unreused.discard(free.index)
-        where = f" ({reuser.source})" if reuser.source else ""
-        at_reuse.setdefault(reuse_position, []).append(
-            free._replace(stream=reuser.stream, kernel=f"{free.kernel}, its block reused by {reuser.kernel}{where}")
-        )
-    moved: list[TraceOp] = []
-    for position, op in enumerate(ops):
-        if position in reused:
+        return program, list(range(len(ops))), unreused
+    at_reuse: dict[int, list[Launch]] = {}
+    for free_index, reuse_index in reused.items():
+        free, reuser = ops[free_index], ops[reuse_index]
+        assert type(free) is Launch and type(reuser) is Launch
+        source = launch_source(reuser)
+        where = f" ({source})" if source else ""
+        kernel = f"{free.kernel}, its block reused by {reuser.kernel}{where}"
+        at_reuse.setdefault(reuse_index, []).append(free._replace(stream=reuser.stream, kernel=kernel))
+    builder = ProgramBuilder.over(program)
+    origin: list[int] = []
+
+    def emit(op: Op, stands_for: int) -> None:
+        before = len(builder.ops)
+        builder.replay(op)
+        origin.extend([-1] * (len(builder.ops) - before))
+        # A host access is followed by its host-order record; any other op may follow a host-order wait.
+        origin[before if type(op) is Launch and op.stream.name == HOST else -1] = stands_for
+
+    for op in ops:
+        if op.index in reused or is_host_order(op):
             continue
-        moved.extend(at_reuse.get(position, ()))
-        moved.append(op)
-    return Trace(trace.storages, trace.streams, moved, trace.assumed_kernels, trace.whole_view_indexing), unreused
+        for moved_free in at_reuse.get(op.index, ()):
+            emit(moved_free, moved_free.index)
+        emit(op, op.index)
+    return builder.program(), origin, unreused

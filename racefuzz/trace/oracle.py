@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from racefuzz.trace.model import TraceLaunch
+from racefuzz.program import Launch
+from racefuzz.trace.builder import launch_text
 from racefuzz.trace.recorder import RunRecord
 
 
@@ -36,11 +37,11 @@ class Divergence:
     """
 
     kind: str
-    launch: TraceLaunch | None
+    launch: Launch | None
     detail: str
 
     def __str__(self) -> str:
-        where = f" at launch {self.launch.describe()}" if self.launch else ""
+        where = f" at launch {launch_text(self.launch)}" if self.launch else ""
         return f"{self.kind} divergence{where}: {self.detail}"
 
 
@@ -115,7 +116,7 @@ def compare(reference: RunRecord, fuzzed: RunRecord, ordinals: set[int] | None =
 
     `ordinals`: compare only these launches' stores (the launches touching watched tensors); None: all.
     """
-    ref_ops = reference.trace.ops
+    ref_ops = reference.builder.ops
     ref_seq = reference.kernel_sequence()
     fz_seq = fuzzed.kernel_sequence()
     diverged_at = next((i for i, (a, b) in enumerate(zip(ref_seq, fz_seq, strict=False)) if a != b), None)
@@ -134,7 +135,7 @@ def compare(reference: RunRecord, fuzzed: RunRecord, ordinals: set[int] | None =
             differing = _first_difference(mine, other)
             if differing is not None:
                 launch = ref_ops[reference.launch_ops[ordinal]]
-                assert isinstance(launch, TraceLaunch)
+                assert type(launch) is Launch
                 storage = _written_storage(reference, launch)
                 return Divergence(
                     "value",
@@ -146,7 +147,7 @@ def compare(reference: RunRecord, fuzzed: RunRecord, ordinals: set[int] | None =
         got = fz_seq[diverged_at] if diverged_at < len(fz_seq) else ("-", "nothing")
         return Divergence(
             "control-flow",
-            launch if isinstance(launch, TraceLaunch) else None,
+            launch if type(launch) is Launch else None,
             f"host control flow diverged: the fuzzed run launched {got[1]} on {got[0]} instead",
         )
     for name, expected in reference.outputs.items():
@@ -156,8 +157,9 @@ def compare(reference: RunRecord, fuzzed: RunRecord, ordinals: set[int] | None =
     return None
 
 
-def _written_storage(record: RunRecord, launch: TraceLaunch) -> str:
-    names = [record.trace.storages[access.storage].name for access in launch.writes]
+def _written_storage(record: RunRecord, launch: Launch) -> str:
+    buffers = record.builder.buffers
+    names = [buffers[key].name for key in dict.fromkeys(cells.buffer.id for cells in launch.writes)]
     return ", ".join(names) or "its output"
 
 

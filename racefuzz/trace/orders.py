@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from racefuzz.errors import InvalidArgument
+from racefuzz.program import Launch
 from racefuzz.schedule import LaunchPoint, Schedule, ScheduleInfeasible
-from racefuzz.trace.model import HOST, TraceLaunch
+from racefuzz.trace.builder import HOST
 
 PointOrder = tuple[LaunchPoint, LaunchPoint]
 """A forced order of real code: (first, then), launch `first` completes before launch `then` starts."""
@@ -50,15 +51,16 @@ def launch_points(reference: Any) -> list[tuple[str, int]]:
 
 
 def launch_points_by_op(reference: Any) -> dict[int, tuple[str, int]]:
-    """`launch_points` keyed by each launch's trace position: a caller aiming a delay at a launch (a race's
-    access) counts the points as the search does."""
+    """`launch_points` keyed by each launch's index in the reference run's program: a caller aiming a delay at
+    a launch (a race's access) counts the points as the search does."""
     points: dict[int, tuple[str, int]] = {}
     counts: dict[str, int] = {}
-    for index, op in enumerate(reference.trace.ops):
-        if isinstance(op, TraceLaunch) and op.stream != HOST and op.kind not in ("free", "copy", "graph"):
-            n = counts.get(op.stream, 0)
-            counts[op.stream] = n + 1
-            points[index] = (op.stream, n)
+    for op in reference.builder.ops:
+        if type(op) is Launch and op.stream.name != HOST and op.info.get("kind") not in ("free", "copy", "graph"):
+            stream = op.stream.name
+            n = counts.get(stream, 0)
+            counts[stream] = n + 1
+            points[op.index] = (stream, n)
     return points
 
 
@@ -71,7 +73,7 @@ def describe_order(order: PointOrder) -> str:
 
 
 def candidate_orders(reference: Any, races: Sequence[Any]) -> list[PointOrder]:
-    """The orders that make `races` (`racefuzz.trace.convert.TraceRace`s of `reference`, a `RunRecord`)
+    """The orders that make `races` (`racefuzz.trace.judge.TraceRace`s of `reference`, a `RunRecord`)
     manifest: for each race (a, b) in issue order, `(b, a)` -- b completes before a starts. Once each,
     in the races' order; a pair with a launch that is no launch point (a host access, a free, a copy torch
     made out of sight, a CUDA graph's node) gives none: no gate can go there."""
@@ -87,22 +89,17 @@ def candidate_orders(reference: Any, races: Sequence[Any]) -> list[PointOrder]:
 class OrderFacts:
     """The reference run's happens-before, asked about launch points: which orders can be forced.
 
-    Built on the core's: the trace as a `Program` (`racefuzz.trace.convert.to_program`: host syncs and host
-    accesses included), its `racefuzz.hb.analysis` and the forced-order set of the model's `orders`
-    scheduler (`racefuzz.schedulers.orders.ForcedSet`: reachability over happens-before plus the orders
-    already forced)."""
+    Built on the core's: the reference run's `Program` (host syncs and host accesses included), its
+    `racefuzz.hb.analysis` and the forced-order set of the model's `orders` scheduler
+    (`racefuzz.schedulers.orders.ForcedSet`: reachability over happens-before plus the orders already
+    forced)."""
 
     def __init__(self, reference: Any) -> None:
         from racefuzz.hb import analysis
-        from racefuzz.trace.convert import to_program
 
-        converted = to_program(reference.trace)
-        by_trace_index = {launch.index: index for index, launch in converted.launches.items()}
-        self.launches: dict[LaunchPoint, int] = {
-            point: by_trace_index[op] for op, point in launch_points_by_op(reference).items()
-        }
-        """launch point -> its launch's op index in the converted program."""
-        self.facts = analysis(converted.program)
+        self.launches: dict[LaunchPoint, int] = {point: op for op, point in launch_points_by_op(reference).items()}
+        """launch point -> its launch's op index in the program."""
+        self.facts = analysis(reference.program)
 
     def forced(self) -> Any:
         from racefuzz.schedulers.orders import ForcedSet

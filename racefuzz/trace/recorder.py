@@ -1,4 +1,5 @@
-"""The recorder: turns what a step does into a `Trace`, and is where delays and value snapshots happen.
+"""The recorder: turns what a step does into a `Program` (through `racefuzz.trace.builder`), and is where delays
+and value snapshots happen.
 
 Frontends report to the active `Recorder`:
 
@@ -8,9 +9,9 @@ Frontends report to the active `Recorder`:
   (in-place, `out=`, fresh outputs from tensor inputs) through the C++ fast path
   (`racefuzz/trace/_fastpath.cpp`: below torch's dispatcher, before the op reaches the mode), which does what
   `launch_op` / `launch` do, and what `StorageTable.key`, `allocated`, `StorageTable.watch` and `on_free` do
-  for its ops' new storages, fresh outputs and their frees, with this recorder's own containers and its
-  `StorageTable`'s (`fast_state`), and hands anything unusual (a strided view's accesses, a storage grown in
-  place) back to its methods;
+  for its ops' new storages, fresh outputs and their frees, with this recorder's own containers, its
+  `StorageTable`'s and its `ProgramBuilder`'s (`fast_state`), and hands anything unusual (a strided view's
+  accesses, a storage grown in place) back to its methods;
 * Triton launches through a wrapper of `JITFunction.run` (`racefuzz.trace.triton_launches`): arguments and the
   kernel's name; sets from its annotation, else the conservative default;
 * stream and event operations and host syncs through `torch.cuda`'s `Event` / `Stream` methods and
@@ -21,7 +22,7 @@ Frontends report to the active `Recorder`:
   is recorded as a write of the whole block on the stream it was allocated on (not for a pinned host block,
   which torch's host allocator reuses only after the copies that used it). The caching allocator may hand
   the block to that stream's next allocation: `racefuzz.trace.lifetime` moves the write there (each
-  `Storage` names the stream it was allocated on, `allocated_on`), so a use on another stream not ordered
+  storage's `Allocation` names the stream it was allocated on, `allocated_on`), so a use on another stream not ordered
   before that reuse is a race, and one with no reuse in the trace a latent hazard. (A storage's Python
   object lives exactly as long as the storage: torch preserves it while C++ holds the storage.) A storage
   seen at a new address was grown in place: its old block is freed then.
@@ -38,22 +39,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from racefuzz.program import Allocation, CellRange, Launch, Program, StreamSync
 from racefuzz.trace import sources
 from racefuzz.trace.annotations import WHOLE, annotation
+from racefuzz.trace.builder import HOST, ProgramBuilder
 from racefuzz.trace.indexing import Region
 from racefuzz.trace.intervals import Interval, merge, view_intervals
-from racefuzz.trace.model import (
-    HOST,
-    Access,
-    Storage,
-    Trace,
-    TraceDeviceSync,
-    TraceEventSync,
-    TraceLaunch,
-    TraceRecord,
-    TraceStreamSync,
-    TraceWait,
-)
 from racefuzz.trace.sources import user_source
 from racefuzz.trace.storages import StorageTable
 
@@ -62,8 +53,8 @@ SPIN_CYCLES_PER_US = 1980
 this many (a slower clock makes the spin longer, which is harmless for a delay)."""
 
 _tuple_new = tuple.__new__
-"""Makes a trace op or access (a NamedTuple) from all its fields without its Python `__new__` (the
-launch path's hottest lines: every field is given, so the defaults `__new__` fills in are not needed)."""
+"""Makes a cell range (a NamedTuple) from all its fields without its Python `__new__` (the launch path's
+hottest lines: every field is given)."""
 
 
 @dataclass
@@ -79,24 +70,35 @@ class Snapshot:
 
 @dataclass
 class RunRecord:
-    """What one run of a step left: its trace, per-launch snapshots, what it returned, the delays it applied."""
+    """What one run of a step left: its program (as its builder emitted it), per-launch snapshots, what it
+    returned, the delays it applied, and what the report says of how its sets were taken."""
 
-    trace: Trace
+    builder: ProgramBuilder
     snapshots: dict[int, list[Snapshot]] = field(default_factory=dict)
     outputs: Mapping[str, Any] = field(default_factory=dict)
     delays_applied: list[tuple[str, int, float]] = field(default_factory=list)
-    launch_ops: list[int] = field(default_factory=list)  # ordinal -> index in trace.ops
+    launch_ops: list[int] = field(default_factory=list)  # ordinal -> index in the program's ops
+    assumed_kernels: list[str] = field(default_factory=list)
+    """Kernels whose read/write sets are the conservative default (no annotation)."""
+    whole_view_indexing: list[str] = field(default_factory=list)
+    """Index ops recorded over their whole views: their index values could not be read where they are the
+    ones the op sees (a GPU run that is not serialized), or were of a kind racefuzz does not know."""
+
+    @property
+    def program(self) -> Program:
+        """The run's program (`ProgramBuilder.program`)."""
+        return self.builder.program()
 
     def kernel_sequence(self) -> list[tuple[str, str]]:
         """(stream, kernel) of every launch (by ordinal): what two runs of one step must agree on. Frees
         and host accesses are not launches: when the host frees a tensor depends on Python's garbage
         collector, not on the step's control flow."""
-        ops = self.trace.ops
-        return [(ops[i].stream, ops[i].kernel) for i in self.launch_ops]  # type: ignore[union-attr]
+        ops = self.builder.ops
+        return [(ops[i].stream.name, ops[i].kernel) for i in self.launch_ops]  # type: ignore[union-attr]
 
 
 class Recorder:
-    """Collects one run's `Trace` (see the module doc).
+    """Collects one run's program (see the module doc).
 
     Args:
         device: `cuda` or `cpu` (a CPU run records virtual streams and executes eagerly).
@@ -143,11 +145,14 @@ class Recorder:
         self.snapshot_plan = snapshot_plan
         self._snapshots_or_syncs = snapshot_plan is None or bool(snapshot_plan) or serialize or gates is not None
         """Whether a launch is followed by snapshots or a device sync (not in a trace-only run)."""
-        self.record = RunRecord(Trace())
+        self.builder = ProgramBuilder()
+        """What every op is emitted through (`racefuzz.trace.builder`)."""
+        self.record = RunRecord(self.builder)
         self.paused = 0
         self.opaque = 0
         self._stream_names: dict[int, str] = {0: "default"}
-        self._seen_streams: set[str] = set()
+        self._seen_streams = self.builder.streams
+        """The streams seen so far, by name (the builder's: a stream is seen once it has its `Stream`)."""
         self.device_index = 0
         self.raw_stream: Callable[[int], int] | None = None
         """`torch._C._cuda_getCurrentRawStream` in a GPU run (looked up once, not per op), else None."""
@@ -168,7 +173,7 @@ class Recorder:
         self._launches_on: dict[str, int] = {}
         self._self_ref = weakref.ref(self)
         self.watch_frees = True if watch_frees is None else watch_frees
-        self.storage_table = StorageTable(self.record.trace.storages, self.watch_frees, self._self_ref)
+        self.storage_table = StorageTable(self.builder, self.watch_frees, self._self_ref)
         """The run's storages: keys, epochs, watched storages, allocation streams (the C++ fast path's too)."""
         self.active = False
         """Whether this recorder is recording now (set by `racefuzz.trace.capture.recording`)."""
@@ -187,24 +192,30 @@ class Recorder:
         """Whether index ops (`index`, `index_select`, `gather`, `index_put_`, ...) get the byte sets their
         index values select (`racefuzz.trace.indexing`): where the values are those the op sees in host
         order, read without changing the run: a CPU run (eager) or a GPU reference run (serialized). Else
-        the op's whole views, said once in `Trace.whole_view_indexing`."""
+        the op's whole views, said once in `RunRecord.whole_view_indexing`."""
 
     def fast_state(self, bail: object) -> dict[str, Any]:
         """What the C++ fast path (`racefuzz.trace._fastpath.cpp`) reads and appends to, by name (its
         `STATE_FIELDS`; `racefuzz.trace.fastpath.pack_state` checks the names and packs them): this recorder's
-        own containers and its storage table's, so a trace op, storage, allocation or free it records is the
-        one `launch_op`, `StorageTable.key`, `allocated` and `on_free` would."""
+        own containers, its storage table's and its builder's, so an op, buffer, allocation or free it records
+        is the one `launch_op`, `StorageTable.key`, `allocated` and `on_free` would."""
         table = self.storage_table
+        builder = self.builder
         return {
             "recorder": self,
             "bail": bail,
-            "ops": self.record.trace.ops,
+            "builder": builder,
+            "ops": builder.ops,
+            "buffers": builder.buffers,
+            "torch_infos": builder.torch_infos,
+            "host_count": builder.host_count,
+            "after_host": builder.after_host,
             "launch_ops": self.record.launch_ops,
             "storage_table": table,
             "keys": table.keys,
             "epochs": table.epochs,
             "stream_names": self._stream_names,
-            "seen_streams": self._seen_streams,
+            "streams": builder.streams,
             "delays": self.delays,
             "snapshots_or_syncs": bool(self._snapshots_or_syncs),  # the C++ compares with True
             "on_gpu": bool(self.on_gpu),
@@ -215,7 +226,6 @@ class Recorder:
             "address_of": table.address_of,
             "watched": table.watched,
             "given_names": table.given_names,
-            "storages": table.storages,
             "keep": table.keep,
             "watch_frees": bool(table.watch_frees),
             "recorder_ref": self._self_ref,
@@ -228,8 +238,7 @@ class Recorder:
 
     def _stream(self, name: str) -> str:
         if name not in self._seen_streams:
-            self._seen_streams.add(name)
-            self.record.trace.streams.append(name)
+            self.builder.stream(name)
         return name
 
     def current_stream(self) -> str:
@@ -288,11 +297,10 @@ class Recorder:
         """Call `tensor`'s storage `name`; a 2-D tensor also gives the row length reports print with."""
         self.storage_table.given_names[tensor.untyped_storage().data_ptr()] = name
         key = self.storage_table.key(tensor, name)
-        old = self.record.trace.storages[key]
+        old = self.builder.buffers[key].allocation
+        assert old is not None  # every buffer of a recording is a storage's
         row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else old.row_bytes
-        self.record.trace.storages[key] = Storage(
-            key, name, old.nbytes, tensor.element_size(), row_bytes, old.allocated_on
-        )
+        self.builder.replace_buffer(key, name, Allocation(tensor.element_size(), row_bytes, old.allocated_on))
 
     # --- storages (the table's; see `racefuzz.trace.storages`) ------------------------------------------
 
@@ -316,14 +324,15 @@ class Recorder:
         """`tensor.resize_(...)` ran: a storage seen before that now lives elsewhere moved (`StorageTable.watch`)."""
         self.storage_table.resized(tensor.untyped_storage())
 
-    def _accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
+    def _accesses(self, tensors: list[Any], origin: str) -> tuple[CellRange, ...]:
         """The accesses of `tensors`: views (their bytes), or `Region`s (the bytes an index op selected)."""
         if len(tensors) == 1 and type(tensors[0]) is not Region:
             return self._access(tensors[0], origin)
         return self.merged_accesses(tensors, origin) if tensors else ()
 
-    def merged_accesses(self, tensors: list[Any], origin: str) -> tuple[Access, ...]:
-        """The byte intervals of `tensors`, merged per storage."""
+    def merged_accesses(self, tensors: list[Any], origin: str) -> tuple[CellRange, ...]:
+        """The byte intervals of `tensors`, merged per storage, as cell ranges of its buffer: storages in
+        first-seen order, each one's intervals sorted."""
         by_storage: dict[int, list[Interval]] = {}
         for tensor in tensors:
             if type(tensor) is Region:
@@ -337,9 +346,14 @@ class Recorder:
             else:
                 intervals, _ = view_intervals(tensor.storage_offset(), tensor.shape, tensor.stride(), size)
             by_storage.setdefault(key, []).extend(intervals)
-        return tuple(Access(key, tuple(merge(iv))) for key, iv in by_storage.items() if iv)
+        buffers = self.builder.buffers
+        return tuple(
+            _tuple_new(CellRange, (buffers[key], 0, 1, start, end))
+            for key, intervals in by_storage.items()
+            for start, end in merge(intervals)
+        )
 
-    def _access(self, tensor: Any, origin: str) -> tuple[Access, ...]:
+    def _access(self, tensor: Any, origin: str) -> tuple[CellRange, ...]:
         """`_accesses` of one tensor; a contiguous one (the common case) without the merging."""
         if not tensor.is_contiguous():
             return self.merged_accesses([tensor], origin)
@@ -353,7 +367,7 @@ class Recorder:
         key = table.keys.get((base, table.epochs.get(base, 0)))
         if key is None:
             key = table.key(tensor, origin)
-        return (_tuple_new(Access, (key, ((start, start + nbytes),))),)
+        return (_tuple_new(CellRange, (self.builder.buffers[key], 0, 1, start, start + nbytes)),)
 
     # --- launches ----------------------------------------------------------------------------------
 
@@ -423,8 +437,8 @@ class Recorder:
         source: str,
         assumed: bool,
     ) -> None:
-        """Append the `TraceLaunch` of a launch that has run (its accesses from the views now), then take
-        its snapshots."""
+        """Emit the `Launch` of a launch that has run (its accesses from the views now), then take its
+        snapshots."""
         record = self.record
         if len(writes) == 1 and type(writes[0][1]) is not Region:
             written = self._access(writes[0][1], kernel)
@@ -433,10 +447,7 @@ class Recorder:
         read = self._accesses(reads, kernel)
         # The index after the accesses: a new storage seen there may have recorded a free first (`StorageTable.watch`).
         ordinal = len(record.launch_ops)
-        ops = record.trace.ops
-        index = len(ops)
-        ops.append(_tuple_new(TraceLaunch, (index, stream, kernel, kind, read, written, source, assumed)))
-        record.launch_ops.append(index)
+        record.launch_ops.append(self.builder.launch(stream, kernel, kind, read, written, source, assumed))
         if self._snapshots_or_syncs:
             self.after_launch(ordinal, writes)
 
@@ -538,43 +549,34 @@ class Recorder:
     def whole_view(self, kernel: str) -> None:
         """The index op `kernel` was recorded over its whole views (see `exact_indexing`); said once, in the
         trace of a run that evaluates annotations (the one that is judged)."""
-        if self.evaluate_annotations and kernel not in self.record.trace.whole_view_indexing:
-            self.record.trace.whole_view_indexing.append(kernel)
+        if self.evaluate_annotations and kernel not in self.record.whole_view_indexing:
+            self.record.whole_view_indexing.append(kernel)
 
     def assumed(self, kernel: str) -> None:
-        if kernel not in self.record.trace.assumed_kernels:
-            self.record.trace.assumed_kernels.append(kernel)
+        if kernel not in self.record.assumed_kernels:
+            self.record.assumed_kernels.append(kernel)
 
     # --- stream and event operations, syncs, allocations ----------------------------------------------
 
     def on_record(self, event: str, stream: str) -> None:
         if not self.paused and not self.opaque:
-            if stream not in self._seen_streams:
-                self._stream(stream)
-            ops = self.record.trace.ops
-            ops.append(_tuple_new(TraceRecord, (len(ops), event, stream)))
+            self.builder.record(event, stream)
 
     def on_wait(self, event: str, stream: str) -> None:
         if not self.paused and not self.opaque:
-            if stream not in self._seen_streams:
-                self._stream(stream)
-            ops = self.record.trace.ops
-            ops.append(_tuple_new(TraceWait, (len(ops), stream, event)))
+            self.builder.wait(stream, event)
 
     def on_stream_sync(self, stream: str) -> None:
         if not self.paused and not self.opaque:
-            ops = self.record.trace.ops
-            ops.append(TraceStreamSync(len(ops), self._stream(stream)))
+            self.builder.stream_sync(stream)
 
     def on_event_sync(self, event: str) -> None:
         if not self.paused and not self.opaque:
-            ops = self.record.trace.ops
-            ops.append(TraceEventSync(len(ops), event))
+            self.builder.event_sync(event)
 
     def on_device_sync(self) -> None:
         if not self.paused and not self.opaque:
-            ops = self.record.trace.ops
-            ops.append(TraceDeviceSync(len(ops)))
+            self.builder.device_sync()
 
     def on_free(self, ptr: int) -> None:
         """The storage at `ptr` allocated while recording was freed (see the module doc): a write of the whole
@@ -582,30 +584,17 @@ class Recorder:
         key, stream, record_stream = self.storage_table.end_epoch(ptr)
         if self.paused or key is None or stream is None or record_stream:
             return
-        storage = self.record.trace.storages[key]
-        ops = self.record.trace.ops
-        whole = _tuple_new(Access, (key, ((0, storage.nbytes),)))
-        free = (len(ops), stream, f"free({storage.name})", "free", (), (whole,), user_source(2), False)
-        ops.append(_tuple_new(TraceLaunch, free))
+        self.builder.free(key, stream, user_source(2))
 
     def on_record_stream(self, tensor: Any) -> None:
         """`tensor.record_stream(s)` defers the block's reuse: its free is then not modelled (see docs/trace.md)."""
         self.storage_table.recorded_streams.add(tensor.untyped_storage().data_ptr())
 
-    def host_access(self, kernel: str, reads: list[Any], writes: list[Any]) -> None:
-        """The host read or wrote pinned memory itself (an op on CPU tensors of a GPU run)."""
-        ops = self.record.trace.ops
-        ops.append(
-            TraceLaunch(
-                len(ops),
-                HOST,
-                kernel,
-                "host",
-                self._accesses(reads, kernel),
-                self._accesses(writes, kernel),
-                user_source(3),
-            )
-        )
+    def host_access(self, kernel: str, reads: list[Any], writes: list[Any], source: str | None = None) -> None:
+        """The host read or wrote pinned memory itself (an op on CPU tensors of a GPU run), at `source` (default:
+        the caller's caller's line)."""
+        read, written = self._accesses(reads, kernel), self._accesses(writes, kernel)
+        self.builder.launch(HOST, kernel, "host", read, written, user_source(3) if source is None else source)
 
     def finish(self, outputs: Mapping[str, Any]) -> RunRecord:
         """Move the snapshots to the host and attach the step's outputs."""
@@ -658,12 +647,11 @@ def active() -> Recorder | None:
 
 
 def fast_constants() -> dict[str, Any]:
-    """What the C++ fast path's `configure` takes, by name (its `CONSTANT_FIELDS`): the trace's types and
+    """What the C++ fast path's `configure` takes, by name (its `CONSTANT_FIELDS`): the program's types and
     `user_source`'s caches and helpers."""
     return {
-        "trace_launch": TraceLaunch,
-        "access": Access,
-        "storage": Storage,
+        "launch": Launch,
+        "cell_range": CellRange,
         "library_code": sources.LIBRARY_CODE,
         "sources": sources.SOURCES,
         "code_is_library": sources.code_is_library,
@@ -671,7 +659,7 @@ def fast_constants() -> dict[str, Any]:
         "kind_torch": "torch",
         "kind_free": "free",
         "kind_copy": "copy",
-        "trace_stream_sync": TraceStreamSync,
+        "stream_sync": StreamSync,
     }
 
 

@@ -26,9 +26,10 @@ import os
 from pathlib import Path
 
 from racefuzz import __version__
+from racefuzz.program import Launch
 from racefuzz.report import FORMAT, FORMAT_VERSION, Access, RaceAccount, Report, layout, race_lines
-from racefuzz.trace.convert import TraceRace
-from racefuzz.trace.model import HOST, TraceLaunch
+from racefuzz.trace.builder import HOST, launch_kind, launch_source, launch_text, sets_assumed
+from racefuzz.trace.judge import TraceRace
 from racefuzz.trace.oracle import Nondeterminism
 from racefuzz.trace.orders import describe_order, schedule_text
 from racefuzz.trace.recorder import RunRecord
@@ -48,17 +49,18 @@ MAX_REPLAY_DELAY_US = 1e7
 def render(result: TraceResult, replay_path: Path | None = None) -> str:
     races = result.races
     verdict = ("RACE (value-only)" if result.value_only else "RACE") if result.racy else "no race"
-    trace = result.reference.trace
-    context = [f"recorded {len(result.reference.launch_ops)} launches on streams {', '.join(trace.streams)}"]
-    if trace.assumed_kernels:
+    record = result.reference
+    streams = record.builder.streams
+    context = [f"recorded {len(record.launch_ops)} launches on streams {', '.join(streams)}"]
+    if record.assumed_kernels:
         context.append(
             "read/write sets assumed (every tensor argument read and written over its view; annotate them with "
-            "racefuzz.trace.annotate): " + ", ".join(trace.assumed_kernels)
+            "racefuzz.trace.annotate): " + ", ".join(record.assumed_kernels)
         )
-    if trace.whole_view_indexing:
+    if record.whole_view_indexing:
         context.append(
             "index ops recorded over their whole views (their index values could not be read where they are "
-            "the ones the op sees: a conservative set): " + ", ".join(trace.whole_view_indexing)
+            "the ones the op sees: a conservative set): " + ", ".join(record.whole_view_indexing)
         )
     more = [f"... and {len(races) - MAX_RACES_SHOWN} more"] if len(races) > MAX_RACES_SHOWN else []
     findings = [*latent_lines(result.latent), *_nondeterministic_lines(result)]
@@ -134,8 +136,9 @@ def race_account(race: TraceRace) -> RaceAccount:
     """A traced race told in full: both launches by kernel, stream, what they are and the source line that
     issued each (in issue order), the bytes they share as elements of the step's tensors."""
 
-    def launch(side: TraceLaunch) -> str:
-        return f"{side.kernel} on {side.stream}  ({side.kind}{', sets assumed' if side.assumed else ''})  {side.source}"
+    def launch(side: Launch) -> str:
+        assumed = ", sets assumed" if sets_assumed(side) else ""
+        return f"{side.kernel} on {side.stream}  ({launch_kind(side)}{assumed})  {launch_source(side)}"
 
     return RaceAccount(
         accesses=(Access("first", launch(race.first)), Access("second", launch(race.second))),
@@ -159,12 +162,12 @@ def nondeterministic_lines(reference: RunRecord, found: Nondeterminism, runs: in
     delay, said once (none: no line)."""
     if not found.stores and not found.outputs:
         return []
-    ops, launch_ops = reference.trace.ops, reference.launch_ops
+    ops, launch_ops = reference.builder.ops, reference.launch_ops
     lines = [
         f"nondeterministic without any delay (they differed between {runs} serialized runs; the value oracle "
         "does not compare them, happens-before still judges them):"
     ]
-    lines.extend(f"  launch {ops[launch_ops[ordinal]].describe()}" for ordinal in found.launches)
+    lines.extend(f"  launch {launch_text(ops[launch_ops[ordinal]])}" for ordinal in found.launches)  # type: ignore[arg-type]
     if found.outputs:
         lines.append("  returned " + ", ".join(repr(name) for name in sorted(found.outputs)))
     return lines
@@ -231,9 +234,8 @@ def write_timeline(result: TraceResult, stem: Path) -> list[Path]:
     from racefuzz.backends import Execution, Span
     from racefuzz.program import DeviceSync, EventSync, Launch, StreamSync
     from racefuzz.timeline import write_png, write_trace
-    from racefuzz.trace.convert import to_program
 
-    program = to_program(result.reference.trace).program
+    program = result.reference.program
     delayed = {(stream, n): us for stream, n, us in result.delays}
     launches_on: dict[str, int] = {}
     spans = []
@@ -267,7 +269,7 @@ def report_stem(result: TraceResult, directory: str | os.PathLike[str]) -> Path:
 
 
 def latent_lines(latent: list[TraceRace]) -> list[str]:
-    """The latent lifetime hazards (`racefuzz.trace.convert.judge_trace`), said once, not counted as races."""
+    """The latent lifetime hazards (`racefuzz.trace.judge.judge`), said once, not counted as races."""
     if not latent:
         return []
     lines = [

@@ -33,9 +33,10 @@ from racefuzz.confirm import Confirmation
 from racefuzz.confirm import confirm as confirm_k_of_k
 from racefuzz.errors import BackendUnavailable, InvalidArgument, UserCodeError
 from racefuzz.phases import TRACE_PHASES, PhaseClock, PhaseStatistics, StopReason, stop_line
+from racefuzz.program import Launch
 from racefuzz.schedule import NO_DELAYS, Schedule, ScheduleInfeasible
-from racefuzz.trace.convert import TraceRace, judge_trace
-from racefuzz.trace.model import TraceLaunch
+from racefuzz.trace.builder import launch_source
+from racefuzz.trace.judge import TraceRace, judge
 from racefuzz.trace.oracle import Divergence, Nondeterminism, compare, masked, nondeterminism
 from racefuzz.trace.orders import (
     GATE_TIMEOUT_US,
@@ -162,7 +163,7 @@ class TraceResult:
         serialized_runs: the serialized runs without delays compared, the reference run included.
         skipped: why the value search did not run, as the report words it ("": it ran).
         replayed: saved failing delay sets (`SavedFailures`) tried before the search.
-        latent: latent lifetime hazards of the reference trace (`racefuzz.trace.convert.judge_trace`): uses
+        latent: latent lifetime hazards of the reference trace (`racefuzz.trace.judge.judge`): uses
             pending at a free that no later allocation in the trace reuses; said, not counted as races.
         workloads: for a step over drawn workloads, how they were searched; the rest of the result is then
             the judgement of its shrunk failing workload (or, none failing, of the last one run).
@@ -364,7 +365,8 @@ def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | N
     of the reference run has is an `InvalidArgument` (it would silently turn the value checks off)."""
     if not watch:
         return None
-    names = {storage.name for storage in reference.trace.storages.values()}
+    buffers = reference.builder.buffers
+    names = {buffer.name for buffer in buffers}
     unknown = sorted(set(watch) - names)
     if unknown:
         given = sorted(name for name in names if not _AUTO_NAME.match(name))
@@ -372,12 +374,12 @@ def watched_ordinals(reference: RunRecord, watch: Sequence[str]) -> set[int] | N
         raise InvalidArgument(
             f"unknown watch name(s) {', '.join(unknown)}: no storage of the step is called that; named: {known}"
         )
-    keys = {key for key, storage in reference.trace.storages.items() if storage.name in watch}
-    ops = reference.trace.ops
+    keys = {buffer.id for buffer in buffers if buffer.name in watch}
+    ops = reference.builder.ops
     chosen = set()
     for ordinal, index in enumerate(reference.launch_ops):
         launch = ops[index]
-        if isinstance(launch, TraceLaunch) and any(a.storage in keys for a in (*launch.reads, *launch.writes)):
+        if type(launch) is Launch and any(c.buffer.id in keys for c in (*launch.reads, *launch.writes)):
             chosen.add(ordinal)
     return chosen
 
@@ -580,7 +582,7 @@ def fuzz(
     clock = PhaseClock(TRACE_PHASES)
     clock.count_run()
     reference = run_once(step, device, serialize=True, run_kernels=run_kernels)
-    judgement = judge_trace(reference.trace)
+    judgement = judge(reference.program)
     result = TraceResult(step_name(step), device, reference, judgement.races, latent=judgement.latent)
     result.candidate_orders = candidate_orders(reference, judgement.races)
     result.budget = examples
@@ -679,10 +681,10 @@ def fuzz(
 def race_keys(result: TraceResult) -> list[RaceKey]:
     """The keys (`RaceKey`) of what `result` found, its happens-before races first; [] when clean. A
     divergence counts only confirmed k of k (`TraceResult.manifested`)."""
-    keys: list[RaceKey] = [(r.race.kind, r.first.source, r.second.source) for r in result.races]
+    keys: list[RaceKey] = [(r.race.kind, launch_source(r.first), launch_source(r.second)) for r in result.races]
     if result.manifested and result.divergence is not None:
         launch = result.divergence.launch
-        keys.append(("value", result.divergence.kind, launch.source if launch is not None else ""))
+        keys.append(("value", result.divergence.kind, launch_source(launch) if launch is not None else ""))
     return keys
 
 

@@ -1,11 +1,13 @@
 """The storages of one recording: keys, epochs, watched storages and the stream each block was allocated on.
 
 A storage is keyed by its base address and its epoch there: a block freed and handed out again is a new
-storage (the next epoch of its address). `StorageTable` owns that bookkeeping for the Python path
-(`racefuzz.trace.recorder.Recorder`) and the C++ fast path (`_fastpath.cpp`) alike: both read and write the
-same public containers (named in `Recorder.fast_state`), and both go through `StorageTable.watch` for a
-storage seen at a new address. A watched storage's death (its weak reference's callback) is its free,
-recorded by the recorder (`Recorder.on_free`), which ends its epoch here (`end_epoch`).
+storage (the next epoch of its address). Its key is its buffer's id in the recording's program
+(`racefuzz.trace.builder.ProgramBuilder.buffers`): one number names a storage everywhere. `StorageTable`
+owns that bookkeeping for the Python path (`racefuzz.trace.recorder.Recorder`) and the C++ fast path
+(`_fastpath.cpp`) alike: both read and write the same public containers (named in `Recorder.fast_state`),
+and both go through `StorageTable.watch` for a storage seen at a new address. A watched storage's death (its
+weak reference's callback) is its free, recorded by the recorder (`Recorder.on_free`), which ends its epoch
+here (`end_epoch`).
 """
 
 from __future__ import annotations
@@ -15,25 +17,25 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from racefuzz.trace.model import Storage
+from racefuzz.trace.builder import ProgramBuilder
 
 
 class StorageTable:
     """Keys, epochs, watched storages and allocation streams of one recording (see the module doc).
 
     Args:
-        storages: the trace's `Storage` of each key (`Trace.storages`), filled here.
+        builder: the recording's program builder, whose buffer each new storage gets (its id the key).
         watch_frees: watch each storage for its free (else keep every storage alive: no address reuse).
         recorder_ref: a weak reference to the recorder whose `on_free(ptr)` records a watched storage's free
             and whose `current_stream()` a storage grown in place is allocated on.
     """
 
-    def __init__(self, storages: dict[int, Storage], watch_frees: bool, recorder_ref: Callable[[], Any]) -> None:
-        self.storages = storages
+    def __init__(self, builder: ProgramBuilder, watch_frees: bool, recorder_ref: Callable[[], Any]) -> None:
+        self.builder = builder
         self.watch_frees = watch_frees
         self.recorder_ref = recorder_ref
         self.keys: dict[tuple[int, int], int] = {}
-        """(base address, epoch) -> key; keys are 0, 1, ... in order of first sight."""
+        """(base address, epoch) -> key: its buffer's id (0, 1, ... in order of first sight)."""
         self.epochs: dict[int, int] = {}
         """Base address -> its current epoch (0 when absent): how many storages there have died."""
         self.alloc_streams: dict[int, str] = {}
@@ -60,7 +62,7 @@ class StorageTable:
         return (ptr, self.epochs.get(ptr, 0)) in self.keys
 
     def key(self, tensor: Any, origin: str) -> int:
-        """The key of `tensor`'s storage, a new one (with its `Storage`, named `tmp<key> (<origin>)` unless the
+        """The key of `tensor`'s storage, a new one (with its buffer, named `tmp<key> (<origin>)` unless the
         step named it) for a storage not seen in its current epoch."""
         # The storage's base address without making a storage object (the common case: a known storage).
         ptr = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
@@ -70,12 +72,12 @@ class StorageTable:
         storage = tensor.untyped_storage()
         ptr = storage.data_ptr()
         epoch = self.epochs.get(ptr, 0)
-        key = len(self.keys)
+        key = len(self.builder.buffers)
         self.keys[(ptr, epoch)] = key
         name = self.given_names.get(ptr) or f"tmp{key} ({origin})"
         row_bytes = tensor.stride(0) * tensor.element_size() if tensor.dim() == 2 else 0
         allocated_on = self.alloc_streams.get(ptr, "")  # set by `allocated` before its first access
-        self.storages[key] = Storage(key, name, storage.nbytes(), tensor.element_size(), row_bytes, allocated_on)
+        self.builder.new_buffer(name, storage.nbytes(), tensor.element_size(), row_bytes, allocated_on)
         if not self.watch_frees:
             self.keep.append(storage)  # the address must not be reused within the run
         if ptr:

@@ -9,15 +9,15 @@ import pytest
 
 from racefuzz.trace import WHOLE, annotate, cupy_kernel, fuzz
 from racefuzz.trace.annotations import _REGISTRY
-from racefuzz.trace.convert import find_trace_races
 from racefuzz.trace.example import racy_step, synced_step
+from racefuzz.trace.judge import trace_races
 from racefuzz.trace.search import run_once
 
 pytestmark = pytest.mark.cuda
 
 
 def races(step):
-    return find_trace_races(run_once(step, "cuda", serialize=True).trace)
+    return trace_races(run_once(step, "cuda", serialize=True).program)
 
 
 def test_the_example_races_on_the_gpu_exactly_where_it_does_on_the_cpu():
@@ -40,12 +40,12 @@ def test_wait_stream_and_item_reach_the_recorder_through_torch_cuda():
         with torch.cuda.stream(b):
             assert x.sum().item() == 8.0
 
-    trace = run_once(step, "cuda").trace
+    trace = run_once(step, "cuda").program
     kinds = [type(op).__name__ for op in trace.ops]
     print(kinds)
-    assert kinds.count("TraceRecord") == 2 and kinds.count("TraceWait") == 2
-    assert kinds.count("TraceStreamSync") == 1
-    assert find_trace_races(trace) == []
+    assert kinds.count("Record") == 2 and kinds.count("WaitEvent") == 2
+    assert kinds.count("StreamSync") == 1
+    assert trace_races(trace) == []
 
 
 def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
@@ -75,21 +75,21 @@ def test_every_event_method_and_host_sync_of_torch_cuda_is_recorded():
             x[torch.arange(1, 3, device="cuda")]  # an integer index
         torch.cuda.synchronize()
 
-    trace = run_once(step, "cuda").trace
-    kinds = [type(op).__name__ for op in trace.ops if type(op).__name__ != "TraceLaunch"]
+    trace = run_once(step, "cuda").program
+    kinds = [type(op).__name__ for op in trace.ops if type(op).__name__ != "Launch"]
     print(kinds)
     assert kinds == [
-        "TraceRecord",
-        "TraceWait",
-        "TraceRecord",
-        "TraceWait",
-        "TraceEventSync",
-        "TraceEventSync",
-        *["TraceStreamSync"] * 4,
-        "TraceDeviceSync",
+        "Record",
+        "WaitEvent",
+        "Record",
+        "WaitEvent",
+        "EventSync",
+        "EventSync",
+        *["StreamSync"] * 4,
+        "DeviceSync",
     ]
     ops = trace.ops
-    synced = [(op.stream, ops[op.index - 1], ops[op.index + 1]) for op in ops if type(op).__name__ == "TraceStreamSync"]
+    synced = [(op.stream.name, ops[op.index - 1], ops[op.index + 1]) for op in ops if type(op).__name__ == "StreamSync"]
     print(synced)
     assert [stream for stream, _, _ in synced] == ["a", "b", "b", "b"]
     assert [after.kernel for _, _, after in synced[1:3]] == ["aten.nonzero.default", "aten.index.Tensor"]
@@ -119,20 +119,20 @@ def test_copies_to_the_gpu_are_launches_writing_a_new_storage_and_torch_tensor_s
         return {"total": total}
 
     record = run_once(step, "cuda", watch_frees=True)
-    ops = [op for op in record.trace.ops if getattr(op, "stream", None) == "side"]
+    ops = [op for op in record.program.ops if getattr(op, "stream", None) == "side"]
     described = [getattr(op, "kernel", type(op).__name__) for op in ops]
     print(*described, sep="\n")
     copies = [op for op in ops if getattr(op, "kernel", "") in (TORCH_TENSOR_COPY, "aten._to_copy.default")]
     assert [op.kernel for op in copies] == [TORCH_TENSOR_COPY, "aten._to_copy.default", "aten._to_copy.default"]
     made, copied, streamed = copies
-    assert type(record.trace.ops[made.index + 1]).__name__ == "TraceStreamSync"  # torch.tensor's blocking copy
-    assert type(record.trace.ops[copied.index + 1]).__name__ == "TraceStreamSync"  # a blocking `.to("cuda")`
-    assert type(record.trace.ops[streamed.index + 1]).__name__ != "TraceStreamSync"
+    assert type(record.program.ops[made.index + 1]).__name__ == "StreamSync"  # torch.tensor's blocking copy
+    assert type(record.program.ops[copied.index + 1]).__name__ == "StreamSync"  # a blocking `.to("cuda")`
+    assert type(record.program.ops[streamed.index + 1]).__name__ != "StreamSync"
     assert not made.reads and not copied.reads and len(streamed.reads) == 1  # the pinned buffer, on the stream
-    written = {copy.writes[0].storage for copy in copies}
-    freed = {op.writes[0].storage for op in ops if getattr(op, "kind", "") == "free"}
+    written = {copy.writes[0].buffer.id for copy in copies}
+    freed = {op.writes[0].buffer.id for op in ops if getattr(op, "info", {}).get("kind", "") == "free"}
     assert len(written) == 3 and written <= freed
-    assert find_trace_races(record.trace) == []
+    assert trace_races(record.program) == []
 
 
 def test_a_host_write_to_a_pinned_buffer_a_non_blocking_copy_may_still_read_is_a_race():
@@ -152,7 +152,7 @@ def test_a_host_write_to_a_pinned_buffer_a_non_blocking_copy_may_still_read_is_a
 
     found = races(lambda env: step(env, synced=False))
     print(*found, sep="\n")
-    assert len(found) == 1 and {found[0].first.stream, found[0].second.stream} == {"side", "host"}
+    assert len(found) == 1 and {found[0].first.stream.name, found[0].second.stream.name} == {"side", "host"}
     assert races(lambda env: step(env, synced=True)) == []
 
 
@@ -175,9 +175,9 @@ def test_a_pinned_buffers_free_is_not_a_write_on_a_stream():
         return {"back": back, "shaped": shaped}
 
     record = run_once(step, "cuda", watch_frees=True)
-    launches = [op for op in record.trace.ops if type(op).__name__ == "TraceLaunch"]
+    launches = [op for op in record.program.ops if type(op).__name__ == "Launch"]
     print(*launches, sep="\n")
-    assert find_trace_races(record.trace) == []
+    assert trace_races(record.program) == []
     (zeros,) = [op for op in launches if op.kernel == "aten.zeros_like.default"]
     assert zeros.reads == ()
 
@@ -193,13 +193,13 @@ def test_a_block_the_caching_allocator_hands_out_again_is_a_new_storage():
         assert second.data_ptr() == ptr
         second.add_(1)
 
-    trace = run_once(step, "cuda").trace
-    launches = [op for op in trace.ops if type(op).__name__ == "TraceLaunch"]
+    trace = run_once(step, "cuda").program
+    launches = [op for op in trace.ops if type(op).__name__ == "Launch"]
     print(*launches, sep="\n")
-    assert [op.kind for op in launches] == ["torch", "free", "torch", "torch", "free"]  # `second` dies last
+    assert [op.info["kind"] for op in launches] == ["torch", "free", "torch", "torch", "free"]  # `second` dies last
     ones, free, zeros, add, _ = launches
-    assert ones.writes[0].storage == free.writes[0].storage != zeros.writes[0].storage == add.writes[0].storage
-    assert find_trace_races(trace) == []
+    assert ones.writes[0].buffer.id == free.writes[0].buffer.id != zeros.writes[0].buffer.id == add.writes[0].buffer.id
+    assert trace_races(trace) == []
 
 
 def test_wait_stream_while_recording_orders_the_device_with_one_reused_event():
@@ -210,9 +210,9 @@ def test_wait_stream_while_recording_orders_the_device_with_one_reused_event():
 
     import torch
 
+    from racefuzz.program import WaitEvent
     from racefuzz.trace.capture import recording
     from racefuzz.trace.env import TraceEnv
-    from racefuzz.trace.model import TraceWait
     from racefuzz.trace.recorder import Recorder
 
     spin = 50 * 1980 * 1000  # about 50 ms of SM clock cycles
@@ -242,8 +242,8 @@ def test_wait_stream_while_recording_orders_the_device_with_one_reused_event():
     record = recorder.finish(returned)
     assert recorder.wait_stream_event is not None  # the pooled path ran
     assert record.outputs["seen"].tolist() == [1.0, 1.0, 1.0, 1.0]
-    assert len({op.event for op in record.trace.ops if isinstance(op, TraceWait)}) >= 1
-    assert find_trace_races(record.trace) == []
+    assert len({op.event.name for op in record.program.ops if isinstance(op, WaitEvent)}) >= 1
+    assert trace_races(record.program) == []
     # Outside recording, torch's own wait_stream runs (a new event per call) and orders the device too.
     a, b = torch.cuda.Stream(), torch.cuda.Stream()
     x = torch.zeros(4, device="cuda")
@@ -280,12 +280,12 @@ def test_triton_launches_are_recorded_with_annotations_or_the_default():
         return {"gathered": gathered}
 
     reference = run_once(step, "cuda", serialize=True)
-    assert reference.trace.assumed_kernels == ["fill_row"]
-    assert find_trace_races(reference.trace) != []  # assumed to touch all of req_to_token
+    assert reference.assumed_kernels == ["fill_row"]
+    assert trace_races(reference.program) != []  # assumed to touch all of req_to_token
     annotate("fill_row", reads={}, writes={"table": lambda args: [args["table"][args["row"]]]})
     try:
         annotated = run_once(step, "cuda", serialize=True)
-        assert annotated.trace.assumed_kernels == [] and find_trace_races(annotated.trace) == []
+        assert annotated.assumed_kernels == [] and trace_races(annotated.program) == []
     finally:
         _REGISTRY.pop("fill_row", None)
 
@@ -319,7 +319,7 @@ def test_cupy_kernels_are_recorded_on_torchs_current_stream():
     finally:
         _REGISTRY.pop("poison", None)
     print(*found, sep="\n")
-    assert [(r.second.kind, r.where) for r in found] == [("cupy", ("req_to_token[1, 8:16]",))]
+    assert [(r.second.info["kind"], r.where) for r in found] == [("cupy", ("req_to_token[1, 8:16]",))]
 
 
 def test_a_block_freed_while_another_stream_uses_it_is_a_race():
@@ -340,7 +340,7 @@ def test_a_block_freed_while_another_stream_uses_it_is_a_race():
 
     found = races(lambda env: step(env, record=False))
     print(*found, sep="\n")
-    assert [r.second.kind for r in found] == ["free"]
+    assert [r.second.info["kind"] for r in found] == ["free"]
     assert races(lambda env: step(env, record=True)) == []
 
 

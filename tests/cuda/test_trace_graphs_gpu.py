@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from racefuzz.program import Launch
 from racefuzz.trace import fuzz
-from racefuzz.trace.convert import find_trace_races
 from racefuzz.trace.graphs import GRAPH_NODE, REPLAY
-from racefuzz.trace.model import TraceLaunch
+from racefuzz.trace.judge import trace_races
 from racefuzz.trace.search import launch_points, run_once, run_with_delays
 from tests.unit.test_trace_graphs import (
     event_in_capture_step,
@@ -43,8 +43,8 @@ def _kernels_loaded():
 def verdict(step, device):
     """What happens-before says, without stream names (a GPU and a CPU run number streams they did not
     name alike)."""
-    found = find_trace_races(run_once(step, device, serialize=True).trace)
-    return sorted((r.race.kind.value, r.where, r.first.kind, r.second.kind) for r in found)
+    found = trace_races(run_once(step, device, serialize=True).program)
+    return sorted((r.race.kind.value, r.where, r.first.info["kind"], r.second.info["kind"]) for r in found)
 
 
 CASES = {
@@ -71,16 +71,15 @@ def test_a_graph_step_gets_the_cpus_happens_before_verdict_on_the_gpu(case):
 
 
 def test_a_captures_allocation_is_no_reuse_on_the_gpu_either():
-    from racefuzz.trace.convert import judge_trace
+    from racefuzz.trace.judge import judge
 
     judged = {
-        device: judge_trace(run_once(freed_before_capture_step, device, serialize=True).trace)
-        for device in ("cuda", "cpu")
+        device: judge(run_once(freed_before_capture_step, device, serialize=True).program) for device in ("cuda", "cpu")
     }
     print(judged)
     for found in judged.values():
         assert found.races == []
-    assert [(r.first.stream, r.second.kind) for r in judged["cpu"].latent] == [("schedule", "free")]
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in judged["cpu"].latent] == [("schedule", "free")]
     # On the GPU `torch.cuda.graph` synchronizes the device on entry and then allocates its RNG state on the
     # capture stream (two `fill_`s): that allocation may get the freed block, but after the sync, so the free
     # is neither a race nor latent there (the CPU's stand-in capture allocates nothing). Seen on the H200.
@@ -89,9 +88,9 @@ def test_a_captures_allocation_is_no_reuse_on_the_gpu_either():
 
 def test_a_replay_is_recorded_as_its_nodes_on_the_replay_stream_between_its_two_delay_points():
     run = run_once(replayed_read_step(read_done_after_replay=False), "cuda", serialize=True)
-    on_forward = [op for op in run.trace.ops if isinstance(op, TraceLaunch) and op.stream == "forward"]
-    print([(op.kind, op.kernel) for op in on_forward])
-    assert [op.kind for op in on_forward] == [REPLAY, GRAPH_NODE, GRAPH_NODE, REPLAY]
+    on_forward = [op for op in run.program.ops if isinstance(op, Launch) and op.stream.name == "forward"]
+    print([(op.info["kind"], op.kernel) for op in on_forward])
+    assert [op.info["kind"] for op in on_forward] == [REPLAY, GRAPH_NODE, GRAPH_NODE, REPLAY]
     assert [n for stream, n in launch_points(run) if stream == "forward"] == [0, 1]
     assert run.outputs["out"].tolist() == [20.0] * 8  # serialized: the replay read row 1 (2) before the write
 
@@ -167,12 +166,12 @@ def test_a_triton_kernel_in_a_graph_is_a_node_of_each_replay_and_its_race_manife
     monkeypatch.setattr(annotations, "_REGISTRY", {})
     annotations.annotate("graph_copy_row", reads={"src": "whole"}, writes={"dst": "whole"})
     racy, synced = triton_graph_step(False), triton_graph_step(True)
-    found = find_trace_races(run_once(racy, "cuda", serialize=True).trace)
+    found = trace_races(run_once(racy, "cuda", serialize=True).program)
     print(*found, sep="\n")
-    assert [(r.race.kind.value, r.first.kind, r.first.kernel, r.where) for r in found] == [
+    assert [(r.race.kind.value, r.first.info["kind"], r.first.kernel, r.where) for r in found] == [
         ("WAR", GRAPH_NODE, "graph_copy_row", ("table[1, 0:8]",))
     ]
-    assert find_trace_races(run_once(synced, "cuda", serialize=True).trace) == []
+    assert trace_races(run_once(synced, "cuda", serialize=True).program) == []
     reference = run_once(racy, "cuda", serialize=True)
     # The forward's first boundary launch: the replay's (the eager warm-up launch is on the default stream).
     before_replay = [("forward", 0, 5000.0)]

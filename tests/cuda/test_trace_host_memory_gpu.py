@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from racefuzz.trace.convert import find_trace_races
+from racefuzz.trace.judge import trace_races
 from racefuzz.trace.search import run_once
 
 pytestmark = pytest.mark.cuda
@@ -69,9 +69,9 @@ def d2h_step(sync: str):
 
 
 def kinds(step):
-    found = find_trace_races(run_once(step, "cuda").trace)
+    found = trace_races(run_once(step, "cuda").program)
     print(*found, sep="\n  ")
-    return [(r.race.kind, r.first.stream, r.second.stream) for r in found]
+    return [(r.race.kind, r.first.stream.name, r.second.stream.name) for r in found]
 
 
 def test_a_host_write_races_a_kernel_reading_its_uva_view_unless_after_the_event():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from racefuzz.trace.convert import judge_trace
+from racefuzz.trace.judge import judge
 from racefuzz.trace.search import run_once
 from tests.unit.test_trace_lifetime import SMALL, lifetime_step
 
@@ -25,11 +25,11 @@ CASES = {
 
 
 def judged(step, device: str) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-    judgement = judge_trace(run_once(step, device, serialize=True).trace)
+    judgement = judge(run_once(step, device, serialize=True).program)
     print(device, "races", *judgement.races, "latent", *judgement.latent, sep="\n  ")
 
     def pairs(races):
-        return [(r.race.kind.value, r.first.stream, r.second.stream) for r in races]
+        return [(r.race.kind.value, r.first.stream.name, r.second.stream.name) for r in races]
 
     return pairs(judgement.races), pairs(judgement.latent)
 
@@ -83,14 +83,14 @@ def test_the_reuse_race_manifests_and_the_latent_hazard_does_not():
     seen = in_a_fresh_process(
         """
 import json
-from racefuzz.trace.convert import judge_trace
+from racefuzz.trace.judge import judge
 from racefuzz.trace.search import run_once, run_with_delays
 from tests.unit.test_trace_lifetime import lifetime_step
 out = {}
 for reuse in ("default", "none"):
     step = lifetime_step(reuse)
     reference = run_once(step, "cuda", serialize=True)
-    judged = judge_trace(reference.trace)
+    judged = judge(reference.program)
     totals = []
     for _ in range(3):
         run = run_with_delays(step, "cuda", reference, [("forward", 0, 5000.0)])

@@ -51,7 +51,7 @@ def racy_atomics(env):
 
 
 def _nondeterministic_kernels(result) -> list[str]:
-    ops, launch_ops = result.reference.trace.ops, result.reference.launch_ops
+    ops, launch_ops = result.reference.builder.ops, result.reference.launch_ops
     return [ops[launch_ops[ordinal]].kernel for ordinal in result.nondeterministic.launches]
 
 

@@ -11,21 +11,27 @@ import re
 
 import pytest
 
+from racefuzz.program import Record, StreamSync
 from racefuzz.trace import fuzz
-from racefuzz.trace.convert import find_trace_races
-from racefuzz.trace.model import HOST, TraceRecord, TraceStreamSync
+from racefuzz.trace.builder import HOST
+from racefuzz.trace.judge import trace_races
 from racefuzz.trace.search import run_once
 
 pytestmark = pytest.mark.cuda
 
 
 def verdict(step, device: str, **options):
-    found = find_trace_races(run_once(step, device, serialize=True, **options).trace)
+    found = trace_races(run_once(step, device, serialize=True, **options).program)
     print(device, *found, sep="\n  ")
     # An unnamed storage's number (tmp1, tmp2) counts the run's temporaries, and a CPU run makes more of them
     # (a scalar assignment's value is a tensor there): the verdict is the pair, not the numbering.
     return [
-        (r.race.kind.value, r.first.stream, r.second.stream, tuple(re.sub(r"\btmp\d+", "tmp", w) for w in r.where))
+        (
+            r.race.kind.value,
+            r.first.stream.name,
+            r.second.stream.name,
+            tuple(re.sub(r"\btmp\d+", "tmp", w) for w in r.where),
+        )
         for r in found
     ]
 
@@ -63,9 +69,9 @@ def test_a_gather_reads_only_its_rows_on_the_gpu_as_on_the_cpu(gather):
 
 
 def test_a_gpu_run_that_is_not_serialized_keeps_the_whole_view_and_says_so():
-    trace = run_once(gather_step("index_select", 2), "cuda").trace
-    assert trace.whole_view_indexing == ["aten.index_select.default"]
-    assert [r.where for r in find_trace_races(trace)] == [("req_to_token[2, 0:2]",)]
+    record = run_once(gather_step("index_select", 2), "cuda")
+    assert record.whole_view_indexing == ["aten.index_select.default"]
+    assert [r.where for r in trace_races(record.program)] == [("req_to_token[2, 0:2]",)]
 
 
 def test_a_race_free_gather_beside_a_gather_of_the_written_row_on_the_gpu():
@@ -102,7 +108,7 @@ def test_a_pinned_tensors_host_read_before_the_copys_sync_is_a_host_race_and_aft
     assert [(kind, first, second) for kind, first, second, _ in found] == [("RAW", "copy", HOST)]
     assert verdict(pinned_read_step(read, synced=True), "cuda") == []
     record = run_once(pinned_read_step(read, synced=True), "cuda")
-    assert "copy_done" in {op.event for op in record.trace.ops if isinstance(op, TraceRecord)}
+    assert "copy_done" in {op.event.name for op in record.program.ops if isinstance(op, Record)}
 
 
 def engine_step(barrier: bool):
@@ -201,5 +207,5 @@ def test_a_stream_query_that_answers_true_is_a_sync():
         side.synchronize()
         assert side.query()
 
-    ops = run_once(step, "cuda").trace.ops
-    assert [op.stream for op in ops if isinstance(op, TraceStreamSync)] == ["side", "side"]
+    ops = run_once(step, "cuda").program.ops
+    assert [op.stream.name for op in ops if isinstance(op, StreamSync)] == ["side", "side"]

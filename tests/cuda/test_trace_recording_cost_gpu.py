@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from racefuzz.program import Launch, StreamSync
 from racefuzz.trace import fastpath
-from racefuzz.trace.model import TraceLaunch, TraceStreamSync
 from racefuzz.trace.search import run_once
 
 pytestmark = pytest.mark.cuda
@@ -43,13 +43,13 @@ def test_copies_and_allocations_below_the_mode_record_what_the_python_path_recor
     if fastpath.load() is None:
         pytest.skip("the C++ fast path cannot be built here (see stderr)")
     fast, slow = record(True, monkeypatch, **options), record(False, monkeypatch, **options)
-    print(*fast.trace.ops, sep="\n")
-    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+    print(*fast.program.ops, sep="\n")
+    assert fast.program.ops == slow.program.ops and fast.program.buffers == slow.program.buffers
     assert fast.launch_ops == slow.launch_ops
-    ops = fast.trace.ops
-    kernels = [op.kernel if isinstance(op, TraceLaunch) else type(op).__name__ for op in ops]
+    ops = fast.program.ops
+    kernels = [op.kernel if isinstance(op, Launch) else type(op).__name__ for op in ops]
     copy = kernels.index("torch.tensor (host-to-device copy)")
-    assert kernels[copy + 1] == "TraceStreamSync"  # the host waited for the copy
+    assert kernels[copy + 1] == "StreamSync"  # the host waited for the copy
     to_host = max(i for i, k in enumerate(kernels) if k == "aten._to_copy.default")  # the last: `.cpu()`
-    assert isinstance(ops[to_host + 1], TraceStreamSync)  # `.cpu()`: a blocking copy to the host
+    assert isinstance(ops[to_host + 1], StreamSync)  # `.cpu()`: a blocking copy to the host
     assert {"aten.mm.default", "aten.copy_.default"} <= set(kernels)

@@ -70,13 +70,13 @@ def _buffer_step(sync: str) -> object:
 
 @pytest.mark.parametrize(("sync", "racy"), [("none", True), ("event", False), ("tolist", False)])
 def test_a_host_write_after_an_unwaited_copy_races(sync: str, racy: bool) -> None:
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import run_once
 
-    races = find_trace_races(run_once(_buffer_step(sync), "cpu").trace)
+    races = trace_races(run_once(_buffer_step(sync), "cpu").program)
     assert bool(races) is racy
     if racy:
-        kinds = {(race.race.kind, race.first.stream, race.second.stream) for race in races}
+        kinds = {(race.race.kind, race.first.stream.name, race.second.stream.name) for race in races}
         assert ("WAR", "default", "host") in kinds
 
 
@@ -94,10 +94,10 @@ def test_host_ops_on_host_tensors_are_host_accesses_and_device_ops_launches() ->
             back = device.to("cpu", non_blocking=True)  # a copy to the host: a new host tensor
             back.tolist()  # the host's read of it
 
-    ops = [op for op in run_once(step, "cpu").trace.ops if type(op).__name__ == "TraceLaunch"]
+    ops = [op for op in run_once(step, "cpu").program.ops if type(op).__name__ == "Launch"]
     by_kernel = {}
     for op in ops:
-        by_kernel.setdefault(op.kernel, set()).add(op.stream)
+        by_kernel.setdefault(op.kernel, set()).add(op.stream.name)
     assert by_kernel["aten.add_.Tensor (host)"] == {"host"}
     assert by_kernel["aten.add_.Tensor"] == {"default"}
     assert by_kernel["aten.copy_.default"] == {"default"}
@@ -116,10 +116,10 @@ def test_an_index_array_write_records_the_bounding_range() -> None:
             view = host_memory.wrap(host.numpy(), host)
             view[[2, 0]] = view[[0, 2]]  # `BlockTable.swap_row`'s shape
 
-    writes = [op for op in run_once(step, "cpu").trace.ops if getattr(op, "kernel", "") == host_memory.HOST_WRITE]
+    writes = [op for op in run_once(step, "cpu").program.ops if getattr(op, "kernel", "") == host_memory.HOST_WRITE]
     assert len(writes) == 1
     (access,) = writes[0].writes
-    assert access.intervals == ((0, 48),)  # rows 0 to 2, 4 int32 each: the bounding range of rows 0 and 2
+    assert (access.col0, access.col1) == (0, 48)  # rows 0 to 2, 4 int32 each: the bounding range of rows 0 and 2
 
 
 # Sources and the CLI.

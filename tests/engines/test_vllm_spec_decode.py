@@ -107,14 +107,14 @@ def _d2h_step(sync: bool, access: str) -> object:
     ],
 )
 def test_a_numpy_read_of_a_pending_copy_to_the_host_races(sync: bool, access: str, kinds: set[str]) -> None:
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import run_once
 
-    races = find_trace_races(run_once(_d2h_step(sync, access), "cpu").trace)
+    races = trace_races(run_once(_d2h_step(sync, access), "cpu").program)
     assert {race.race.kind for race in races} == kinds
     for race in races:
-        assert (race.first.stream, race.second.stream) == ("default", "host")
-        assert "test_vllm_spec_decode.py" in race.second.source  # the line that indexed the array
+        assert (race.first.stream.name, race.second.stream.name) == ("default", "host")
+        assert "test_vllm_spec_decode.py" in race.second.info["at"]  # the line that indexed the array
 
 
 # vLLM's own runner with speculative decoding.

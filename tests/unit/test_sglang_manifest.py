@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from racefuzz.engines.sglang.manifest import AIMED_DELAYS_US, aimed_delays  # noqa: E402
-from racefuzz.trace.convert import find_trace_races  # noqa: E402
+from racefuzz.trace.judge import trace_races  # noqa: E402
 from racefuzz.trace.search import launch_points, run_once  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def overlap(env, sync: bool = False):
 
 def test_each_race_gets_a_delay_before_its_reading_launch() -> None:
     reference = run_once(overlap, "cpu", serialize=True)
-    races = find_trace_races(reference.trace)
+    races = trace_races(reference.program)
     assert [(r.first.kernel, r.second.kernel) for r in races] == [("aten.add.Tensor", "aten.fill_.Tensor")]
     # forward's launches: ones (0), mul (1), sum (2), the add that reads row 1 (3); the frees are no points
     assert [point for point in launch_points(reference) if point[0] == "forward"] == [("forward", n) for n in range(4)]
@@ -43,5 +43,5 @@ def test_each_race_gets_a_delay_before_its_reading_launch() -> None:
 
 def test_no_race_no_aimed_delay() -> None:
     reference = run_once(lambda env: overlap(env, sync=True), "cpu", serialize=True)
-    assert find_trace_races(reference.trace) == []
+    assert trace_races(reference.program) == []
     assert aimed_delays(reference, []) == []

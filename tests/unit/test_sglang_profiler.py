@@ -67,5 +67,5 @@ def test_a_launch_under_the_profiler_is_named_by_the_line_that_made_it(tmp_path)
             stop()
 
     record = run_once(step, "cpu")
-    sources = [record.trace.ops[i].source for i in record.launch_ops]
+    sources = [record.program.ops[i].info["at"] for i in record.launch_ops]
     assert sources and all(source.endswith("(step)") for source in sources), sources

@@ -15,8 +15,8 @@ from racefuzz.schedule import Schedule  # noqa: E402
 from racefuzz.trace import WHOLE, annotate, launch_kernel, rows  # noqa: E402
 from racefuzz.trace.annotations import _REGISTRY  # noqa: E402
 from racefuzz.trace.capture import recording  # noqa: E402
-from racefuzz.trace.convert import find_trace_races  # noqa: E402
 from racefuzz.trace.env import TraceEnv  # noqa: E402
+from racefuzz.trace.judge import trace_races  # noqa: E402
 from racefuzz.trace.oracle import compare  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.report import load_replay, race_text, render, replay_json  # noqa: E402
@@ -41,16 +41,16 @@ def overlap(env, *, sync: bool = False, rows_written=(1,)):
 
 
 def races_of(step):
-    return find_trace_races(run_once(step, "cpu", serialize=True).trace)
+    return trace_races(run_once(step, "cpu", serialize=True).program)
 
 
 def test_a_view_write_racing_a_read_is_found_with_its_source_line():
     (race,) = races_of(overlap)
     assert str(race.race.kind) == "WAR"
-    assert (race.first.stream, race.second.stream) == ("forward", "schedule")
+    assert (race.first.stream.name, race.second.stream.name) == ("forward", "schedule")
     assert race.first.kernel == "aten.sum.dim_IntList" and race.second.kernel.startswith("aten.fill_")
     assert race.where == ("req_to_token[1, 4:8]",)
-    assert race.first.source.endswith("(overlap)") and "test_trace.py" in race.first.source
+    assert race.first.info["at"].endswith("(overlap)") and "test_trace.py" in race.first.info["at"]
 
 
 def test_a_wait_stream_orders_it_and_disjoint_rows_never_conflict():
@@ -66,10 +66,10 @@ def test_events_and_host_syncs_are_recorded_as_on_a_gpu():
         env.current_stream().wait_event(done)
         env.synchronize()
 
-    trace = run_once(step, "cpu").trace
+    trace = run_once(step, "cpu").program
     kinds = [type(op).__name__ for op in trace.ops]
-    assert {"TraceRecord", "TraceWait", "TraceDeviceSync"} <= set(kinds)
-    assert trace.streams[:3] == ["default", "forward", "schedule"]
+    assert {"Record", "WaitEvent", "DeviceSync"} <= set(kinds)
+    assert [s.name for s in trace.streams[:3]] == ["default", "forward", "schedule"]
 
 
 def test_item_is_a_host_sync_of_the_current_stream():
@@ -80,8 +80,8 @@ def test_item_is_a_host_sync_of_the_current_stream():
             value.add_(1)
             assert value.sum().item() == 4.0
 
-    trace = run_once(step, "cpu").trace
-    assert any(type(op).__name__ == "TraceStreamSync" and op.stream == "forward" for op in trace.ops)
+    trace = run_once(step, "cpu").program
+    assert any(type(op).__name__ == "StreamSync" and op.stream.name == "forward" for op in trace.ops)
 
 
 def test_ops_that_read_a_count_back_sync_before_their_launch_and_a_mask_assignment_does_not():
@@ -95,12 +95,12 @@ def test_ops_that_read_a_count_back_sync_before_their_launch_and_a_mask_assignme
             table[table > 6] = 0  # an assignment through a mask with a scalar: masked_fill_, no sync
             table.sum().item()  # a copy to the host, then the sync
 
-    ops = run_once(step, "cpu").trace.ops
-    kernels = [op.kernel if type(op).__name__ == "TraceLaunch" else type(op).__name__ for op in ops]
-    syncs = [i for i, kernel in enumerate(kernels) if kernel == "TraceStreamSync"]
+    ops = run_once(step, "cpu").program.ops
+    kernels = [op.kernel if type(op).__name__ == "Launch" else type(op).__name__ for op in ops]
+    syncs = [i for i, kernel in enumerate(kernels) if kernel == "StreamSync"]
     assert [kernels[i + 1] for i in syncs[:2]] == ["aten.nonzero.default", "aten.index.Tensor"]  # before
     assert kernels[syncs[2] - 1] == "aten._local_scalar_dense.default" and len(syncs) == 3  # after
-    assert all(ops[i].stream == "forward" for i in syncs)
+    assert all(ops[i].stream.name == "forward" for i in syncs)
 
 
 def test_a_storage_grown_in_place_frees_its_old_block_then():
@@ -114,13 +114,13 @@ def test_a_storage_grown_in_place_frees_its_old_block_then():
         after = out.untyped_storage().data_ptr()
         out.add_(1)
     assert before != after
-    ops = recorder.record.trace.ops
-    kinds = [(op.kind, op.kernel.split("(")[0]) for op in ops if type(op).__name__ == "TraceLaunch"]
+    ops = recorder.builder.ops
+    kinds = [(op.info["kind"], op.kernel.split("(")[0]) for op in ops if type(op).__name__ == "Launch"]
     assert ("free", "free") in kinds
-    free = next(op for op in ops if getattr(op, "kind", None) == "free")
+    free = next(op for op in ops if getattr(op, "info", {}).get("kind") == "free")
     add = next(op for op in ops if getattr(op, "kernel", "") == "aten.add.out")
     assert free.index == add.index - 1  # freed when the op grew it, before its launch
-    assert free.writes[0].storage != add.writes[0].storage  # the old block, not the new one
+    assert free.writes[0].buffer.id != add.writes[0].buffer.id  # the old block, not the new one
     assert set(recorder.storage_table.watched) >= {after} and before not in recorder.storage_table.watched
 
 
@@ -138,8 +138,8 @@ def test_an_allocation_inside_an_opaque_launch_is_freed_on_its_stream():
             made.sum()  # used on another stream, no edge back
         del made  # freed on the default stream
         _reused = torch.zeros(1 << 16)  # the default stream's next allocation: it may be handed the block
-    races = find_trace_races(recorder.record.trace)
-    assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]
+    races = trace_races(recorder.record.program)
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in races] == [("side", "free")]
 
 
 def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_storage():
@@ -157,10 +157,10 @@ def test_a_storage_dying_while_recording_is_its_free_and_its_address_a_new_stora
         assert recorder.storage_table.keys.get((ptr, recorder.storage_table.epochs[ptr])) is None
         with env.use(forward):
             _reused = torch.zeros(1 << 16)  # forward's next allocation: where the freed block may be reused
-    ops = recorder.record.trace.ops
-    frees = [op for op in ops if getattr(op, "kind", None) == "free"]
-    assert [(op.stream, op.writes[0].intervals) for op in frees] == [("forward", ((0, 4 << 16),))]
-    assert [(r.first.kernel, r.second.kind) for r in find_trace_races(recorder.record.trace)] == [
+    ops = recorder.builder.ops
+    frees = [op for op in ops if getattr(op, "info", {}).get("kind") == "free"]
+    assert [(op.stream.name, op.writes[0].col0, op.writes[0].col1) for op in frees] == [("forward", 0, 4 << 16)]
+    assert [(r.first.kernel, r.second.info["kind"]) for r in trace_races(recorder.record.program)] == [
         ("aten.fill_.Scalar", "free")
     ]
 
@@ -171,8 +171,8 @@ def test_views_and_allocations_are_not_accesses():
         x.view(2, 4).t()
         x.fill_(1)
 
-    trace = run_once(step, "cpu").trace
-    assert [op.kernel for op in trace.launches if op.kind != "free"] == ["aten.fill_.Scalar"]
+    trace = run_once(step, "cpu").program
+    assert [op.kernel for op in trace.launches if op.info["kind"] != "free"] == ["aten.fill_.Scalar"]
 
 
 def gather_rows(table, indices, lengths, out):
@@ -211,14 +211,16 @@ def test_an_annotated_kernel_reads_only_the_cells_it_indexes(annotated):
     assert races_of(lambda env: kernel_step(env, write_row=1)) == []  # row 1 is read over columns 0:4 only
     (race,) = races_of(lambda env: kernel_step(env, write_row=2))  # row 2 is read over 0:8
     assert race.where == ("req_to_token[2, 6:8]",) and race.first.kernel == "gather_rows"
-    assert race.first.kind == "external" and not race.first.assumed
+    assert race.first.info["kind"] == "external" and not race.first.info.get("assumed", False)
 
 
 def test_an_unannotated_kernel_gets_the_conservative_default_once():
     reference = run_once(lambda env: kernel_step(env, write_row=3), "cpu", serialize=True)
-    assert reference.trace.assumed_kernels == ["gather_rows"]
-    races = find_trace_races(reference.trace)
-    assert races and all(r.first.assumed for r in races)  # the whole table is assumed read (and written)
+    assert reference.assumed_kernels == ["gather_rows"]
+    races = trace_races(reference.program)
+    assert races and all(
+        r.first.info.get("assumed", False) for r in races
+    )  # the whole table is assumed read (and written)
     assert "sets assumed" in race_text(races[0])
 
 
@@ -305,8 +307,8 @@ def test_the_freed_block_is_written_on_the_stream_it_was_allocated_on():
             buffer.sum()  # used on another stream without record_stream
         recorder.on_free(ptr)  # a CPU recorder keeps its storages alive: the free by hand
         _reused = torch.zeros(16)  # the default stream's next allocation: it may be handed the block
-    races = find_trace_races(recorder.record.trace)
-    assert [(r.first.stream, r.second.kernel.startswith("free(")) for r in races] == [("forward", True)]
+    races = trace_races(recorder.record.program)
+    assert [(r.first.stream.name, r.second.kernel.startswith("free(")) for r in races] == [("forward", True)]
 
 
 def trace_cli(argv: list[str]) -> int:
@@ -358,7 +360,7 @@ def test_watch_selects_the_launches_that_touch_the_watched_tensors():
 
     reference = run_once(overlap, "cpu", serialize=True)
     chosen = watched_ordinals(reference, ["req_to_token"])
-    kernels = [reference.trace.ops[reference.launch_ops[i]].kernel for i in sorted(chosen)]
+    kernels = [reference.program.ops[reference.launch_ops[i]].kernel for i in sorted(chosen)]
     assert kernels[0] == "aten.zeros.default" and any(k.startswith("aten.fill_") for k in kernels)
     assert watched_ordinals(reference, []) is None
     assert launch_points(reference)[:2] == [("default", 0), ("forward", 0)]
@@ -420,10 +422,10 @@ def test_run_kernels_false_records_a_kernel_from_its_annotation_without_running_
                 "gather_rows", explode, table=table, indices=torch.tensor([2]), lengths=torch.tensor([3]), out=None
             )
 
-    trace = run_once(step, "cpu", serialize=True, run_kernels=False).trace
+    trace = run_once(step, "cpu", serialize=True, run_kernels=False).program
     (launch,) = [op for op in trace.launches if op.kernel == "gather_rows"]
     table_read = launch.reads[0]
-    assert trace.storages[table_read.storage].describe(*table_read.intervals[0]) == "req_to_token[2, 0:3]"
+    assert table_read.describe() == "req_to_token[2, 0:3]"
 
 
 def test_a_replay_file_reruns_its_step_with_its_delays(tmp_path, capsys):
@@ -643,10 +645,10 @@ def test_source_lines_are_exact_per_call_site_and_recording_leaves_the_gc_as_it_
         return {"x": x}
 
     frozen = gc.get_freeze_count()
-    trace = run_once(step, "cpu").trace
+    trace = run_once(step, "cpu").program
     assert gc.get_freeze_count() == frozen and gc.isenabled()
     in_place = ("aten.add_.Tensor", "aten.mul_.Tensor")
-    sources = [op.source for op in trace.ops if getattr(op, "kernel", "") in in_place]
+    sources = [op.info["at"] for op in trace.ops if getattr(op, "kernel", "") in in_place]
     first, second = sources[0], sources[1]
     assert first != second and sources == [first, second, first, second]
     assert int(second.split(":")[1].split()[0]) == int(first.split(":")[1].split()[0]) + 1
@@ -760,8 +762,8 @@ def test_a_resize_that_moves_a_storage_frees_its_old_block_then():
         _reused = torch.zeros(16)  # the default stream's next allocation: it may be handed the old block
         env.current_stream().wait_stream(side)  # too late for that reuse
         x.add_(1)
-    races = find_trace_races(recorder.record.trace)
-    assert [(r.first.stream, r.second.kind) for r in races] == [("side", "free")]
+    races = trace_races(recorder.record.program)
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in races] == [("side", "free")]
 
 
 def test_a_cpu_recorder_takes_a_grown_storages_old_address_for_a_new_storage():
@@ -800,7 +802,7 @@ def test_a_copy_torch_made_out_of_sight_is_recorded_without_a_delay_point():
         recorder.launch("a hidden copy", "copy", lambda: made, [], [("out0", made)])
         made.add_(1)  # the stream's first delay point
     record = recorder.finish({})
-    assert [op.kind for op in record.trace.ops if hasattr(op, "kind")] == ["copy", "torch"]
+    assert [op.info["kind"] for op in record.program.ops if hasattr(op, "info")] == ["copy", "torch"]
     assert record.delays_applied == [("default", 0, 1.0)]
     assert launch_points(record) == [("default", 0)]
 

@@ -123,9 +123,9 @@ def record(step, fast: bool, monkeypatch, **options):
 def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options, step):
     options = {"watch_frees": True, **options}  # as on a GPU: frees and reused blocks recorded
     fast, slow = record(step, True, monkeypatch, **options), record(step, False, monkeypatch, **options)
-    assert any(getattr(op, "kind", None) == "free" for op in slow.trace.ops) or step is not storage_step
-    assert fast.trace.ops == slow.trace.ops
-    assert fast.trace.storages == slow.trace.storages and fast.trace.streams == slow.trace.streams
+    assert any(getattr(op, "info", {}).get("kind") == "free" for op in slow.program.ops) or step is not storage_step
+    assert fast.program.ops == slow.program.ops
+    assert fast.program.buffers == slow.program.buffers and fast.program.streams == slow.program.streams
     assert fast.launch_ops == slow.launch_ops
     assert {k: [(s.slot, s.lo, s.hi, s.intervals) for s in v] for k, v in fast.snapshots.items()} == {
         k: [(s.slot, s.lo, s.hi, s.intervals) for s in v] for k, v in slow.snapshots.items()
@@ -139,16 +139,16 @@ def test_the_fast_path_records_what_the_python_path_records(monkeypatch, options
 def test_the_fast_path_records_fresh_outputs_new_storages_and_frees_as_the_python_path_does(monkeypatch):
     fast = record(frees_step, True, monkeypatch, watch_frees=True, snapshot_plan={})
     slow = record(frees_step, False, monkeypatch, watch_frees=True, snapshot_plan={})
-    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
-    frees = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "free"]
-    adds = [op for op in fast.trace.ops if getattr(op, "kernel", None) == "aten.add.Tensor"]
+    assert fast.program.ops == slow.program.ops and fast.program.buffers == slow.program.buffers
+    frees = [op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "free"]
+    adds = [op for op in fast.program.ops if getattr(op, "kernel", None) == "aten.add.Tensor"]
     # Three of the four `c`s died in the step (`a` and `b` with its locals); `kept` was handed to `record_stream`.
     assert (
         len(adds) == 4
         and sorted(kernel.split(" ")[1] for kernel in frees)
         == ["(aten.add.Tensor))"] * 3 + ["(aten.ones.default))"] * 2
     )
-    assert len({access.storage for op in adds for access in op.writes}) == 4  # a reused block: a new storage
+    assert len({cells.buffer.id for op in adds for cells in op.writes}) == 4  # a reused block: a new storage
 
 
 def test_the_fast_path_records_in_place_ops_without_the_python_launch(monkeypatch):
@@ -239,8 +239,8 @@ def test_factories_are_recorded_below_the_dispatch_mode_and_a_meta_one_is_left_t
     monkeypatch.undo()  # the counting wrapper would be the Python path's source line
     fast = record(step, True, monkeypatch, watch_frees=True)
     slow = record(step, False, monkeypatch, watch_frees=True)
-    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
-    kernels = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert fast.program.ops == slow.program.ops and fast.program.buffers == slow.program.buffers
+    kernels = [op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"]
     assert kernels.count("aten.zeros.default") == 3 and "aten.arange.default" in kernels
 
 
@@ -268,14 +268,14 @@ def test_ops_inside_a_functorch_transform_are_left_to_the_mode(monkeypatch, tran
 
     options = {"watch_frees": True, **options}
     fast, slow = record(step, True, monkeypatch, **options), record(step, False, monkeypatch, **options)
-    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
+    assert fast.program.ops == slow.program.ops and fast.program.buffers == slow.program.buffers
 
 
 def test_a_truthy_watch_frees_watches_frees_on_both_paths(monkeypatch):
     fast = record(frees_step, True, monkeypatch, watch_frees=1, snapshot_plan={})
     slow = record(frees_step, False, monkeypatch, watch_frees=1, snapshot_plan={})
-    assert fast.trace.ops == slow.trace.ops
-    assert any(getattr(op, "kind", None) == "free" for op in fast.trace.ops)
+    assert fast.program.ops == slow.program.ops
+    assert any(getattr(op, "info", {}).get("kind") == "free" for op in fast.program.ops)
 
 
 def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeypatch):
@@ -288,7 +288,7 @@ def test_a_mode_the_step_pushes_sees_every_op_and_the_trace_is_unchanged(monkeyp
             return table_step(env)
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
+    assert fast.program.ops == slow.program.ops
     # The user's mode is above racefuzz's: the dispatcher entry leaves every op to the modes.
     assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= set(seen)
 
@@ -308,8 +308,8 @@ def test_metadata_ops_and_ops_torch_hides_from_the_mode_are_no_launches_on_eithe
         return {"table": table}
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
-    launches = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert fast.program.ops == slow.program.ops
+    launches = [op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"]
     assert not {"aten.detach_.default", "aten.unsqueeze_.default", "aten.t_.default", "aten.squeeze_.default"} & set(
         launches
     )
@@ -335,8 +335,8 @@ def autograd_step(env):
 
 def test_ops_torch_issues_above_the_mode_are_recorded_by_both_paths_alike(monkeypatch):
     fast, slow = record(autograd_step, True, monkeypatch), record(autograd_step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
-    launches = [op.kernel for op in slow.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert fast.program.ops == slow.program.ops
+    launches = [op.kernel for op in slow.program.ops if getattr(op, "info", {}).get("kind") == "torch"]
     assert "aten.clone.default" in launches and "aten.copy_.default" in launches
 
 
@@ -356,7 +356,7 @@ def test_an_outer_mode_and_an_outer_recording_see_the_ops_of_an_inner_recording(
     with recording(outer), recording(inner):
         table_step(TraceEnv(inner, "cpu"))
     for recorder in (outer, inner):
-        kernels = {op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch"}
+        kernels = {op.kernel for op in recorder.builder.ops if getattr(op, "info", {}).get("kind") == "torch"}
         assert {"aten.add.out", "aten.add_.Tensor", "aten.mul_.Tensor"} <= kernels
 
 
@@ -364,7 +364,7 @@ def test_an_error_after_a_fast_launch_reaches_the_step_as_itself(monkeypatch):
     original = Recorder.after_launch
 
     def failing(self, ordinal, writes):
-        if self.record.trace.ops[self.record.launch_ops[ordinal]].kernel == "aten.mul_.Tensor":  # a fast launch
+        if self.builder.ops[self.record.launch_ops[ordinal]].kernel == "aten.mul_.Tensor":  # a fast launch
             raise ValueError("the recorder's snapshot failed")
         return original(self, ordinal, writes)
 
@@ -389,7 +389,7 @@ def test_a_mode_the_step_swaps_in_for_racefuzzs_sees_every_op(monkeypatch):
     fast = record(step, True, monkeypatch)
     assert seen == ["aten.add_.Tensor"]
     seen.clear()
-    assert fast.trace.ops == record(step, False, monkeypatch).trace.ops and seen == ["aten.add_.Tensor"]
+    assert fast.program.ops == record(step, False, monkeypatch).program.ops and seen == ["aten.add_.Tensor"]
 
 
 def test_another_librarys_in_place_op_is_left_to_the_mode(monkeypatch):
@@ -412,8 +412,8 @@ def test_another_librarys_in_place_op_is_left_to_the_mode(monkeypatch):
         return {"x": x}
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
-    kernels = [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert fast.program.ops == slow.program.ops
+    kernels = [op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"]
     assert kernels == ["aten.zeros.default", "aten.add_.Tensor", "aten.mul_.Tensor"]
     assert fast.outputs["x"].tolist() == [2.0] * 8
 
@@ -429,8 +429,8 @@ def test_a_write_torch_rejects_after_its_kernel_ran_is_recorded_by_both_paths(mo
         return {"cache": cache.clone()}
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
-    assert ("aten.add.out", "side") in [(op.kernel, op.stream) for op in fast.trace.ops if hasattr(op, "kernel")]
+    assert fast.program.ops == slow.program.ops
+    assert ("aten.add.out", "side") in [(op.kernel, op.stream.name) for op in fast.program.ops if hasattr(op, "kernel")]
 
 
 def test_recordings_on_two_threads_may_end_in_any_order(monkeypatch):
@@ -449,7 +449,7 @@ def test_recordings_on_two_threads_may_end_in_any_order(monkeypatch):
                 first_ended.wait(30)
                 out = torch.zeros(4)
                 out.add_(1)
-            assert [op.kernel for op in recorder.record.trace.ops if getattr(op, "kind", None) == "torch"] == [
+            assert [op.kernel for op in recorder.builder.ops if getattr(op, "info", {}).get("kind") == "torch"] == [
                 "aten.zeros.default",
                 "aten.add_.Tensor",
             ]
@@ -466,7 +466,7 @@ def test_recordings_on_two_threads_may_end_in_any_order(monkeypatch):
     worker.join(60)
     assert not failures, failures
     # The first thread records as before after its recording ended out of order.
-    assert record(table_step, True, monkeypatch).trace.ops == record(table_step, False, monkeypatch).trace.ops
+    assert record(table_step, True, monkeypatch).program.ops == record(table_step, False, monkeypatch).program.ops
 
 
 def test_a_jagged_nested_tensor_written_in_a_reference_run_is_recorded_without_a_crash(monkeypatch):
@@ -481,7 +481,9 @@ def test_a_jagged_nested_tensor_written_in_a_reference_run_is_recorded_without_a
     # One recording: a second one of a jagged tensor's op in the same process raises on both paths (torch
     # says its storage is an "invalid python storage"), a known limit.
     fast = record(step, True, monkeypatch)  # a reference run: snapshots of every write
-    assert "aten.mul_.Tensor" in [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert "aten.mul_.Tensor" in [
+        op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"
+    ]
 
 
 def test_autocast_casts_and_a_failing_fresh_op_are_recorded_by_both_paths_alike(monkeypatch):
@@ -505,9 +507,11 @@ def test_autocast_casts_and_a_failing_fresh_op_are_recorded_by_both_paths_alike(
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
     gc.collect()
-    assert fast.trace.ops == slow.trace.ops
+    assert fast.program.ops == slow.program.ops
     assert fast.outputs["references"] == slow.outputs["references"]
-    assert "aten._to_copy.default" in [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert "aten._to_copy.default" in [
+        op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"
+    ]
 
 
 def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
@@ -531,8 +535,10 @@ def test_ops_on_another_thread_are_not_recorded_by_either_path(monkeypatch):
         return {"out": out}
 
     fast, slow = record(step, True, monkeypatch), record(step, False, monkeypatch)
-    assert fast.trace.ops == slow.trace.ops
-    assert [op.kernel for op in fast.trace.ops if getattr(op, "kind", None) == "torch"].count("aten.add_.Tensor") == 1
+    assert fast.program.ops == slow.program.ops
+    assert [op.kernel for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"].count(
+        "aten.add_.Tensor"
+    ) == 1
 
 
 def test_an_error_in_the_recorder_under_the_dispatcher_entry_reaches_the_step(monkeypatch):
@@ -545,7 +551,7 @@ def test_an_error_in_the_recorder_under_the_dispatcher_entry_reaches_the_step(mo
     assert_raised_in_the_step(raised.value, "the recorder's delay failed")
     # The recording was ended cleanly: the next one records as before.
     monkeypatch.undo()
-    assert record(table_step, True, monkeypatch).trace.ops == record(table_step, False, monkeypatch).trace.ops
+    assert record(table_step, True, monkeypatch).program.ops == record(table_step, False, monkeypatch).program.ops
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Dynamo on the Python path's mode frames
@@ -566,8 +572,10 @@ def test_a_torch_compiled_function_in_the_step_is_recorded_by_both_paths_alike(m
 
     delays = {("side", 0): 10.0, ("side", 1): 10.0}  # the recorder's Python `_delay` runs from the fast path
     fast, slow = record(step, True, monkeypatch, delays=delays), record(step, False, monkeypatch, delays=delays)
-    assert fast.trace.ops == slow.trace.ops and fast.delays_applied == slow.delays_applied
-    launches = [(op.kernel, op.stream) for op in fast.trace.ops if getattr(op, "kind", None) == "torch"]
+    assert fast.program.ops == slow.program.ops and fast.delays_applied == slow.delays_applied
+    launches = [
+        (op.kernel, op.stream.name) for op in fast.program.ops if getattr(op, "info", {}).get("kind") == "torch"
+    ]
     assert ("aten.add_.Tensor", "side") in launches and ("aten.mul_.Tensor", "side") in launches
     assert len(fast.delays_applied) == 2
 
@@ -637,7 +645,7 @@ from racefuzz.trace import fastpath
 from racefuzz.trace.example import racy_step
 from racefuzz.trace.search import run_once
 assert fastpath.load() is None
-print(len(run_once(racy_step, "cpu").trace.ops), "ops recorded")
+print(len(run_once(racy_step, "cpu").program.ops), "ops recorded")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr

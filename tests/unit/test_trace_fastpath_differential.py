@@ -138,8 +138,8 @@ def test_random_programs_are_recorded_alike_by_both_paths(monkeypatch, program, 
             return run_once(step, "cpu", **options)  # one line: a free after the step is attributed to it
 
     fast, slow = record(True), record(False)
-    assert fast.trace.ops == slow.trace.ops
-    assert fast.trace.storages == slow.trace.storages and fast.trace.streams == slow.trace.streams
+    assert fast.program.ops == slow.program.ops
+    assert fast.program.buffers == slow.program.buffers and fast.program.streams == slow.program.streams
     assert fast.launch_ops == slow.launch_ops
     assert snapshots(fast) == snapshots(slow)
     assert all(torch.equal(fast.outputs[k], slow.outputs[k]) for k in slow.outputs)

@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from racefuzz.errors import UserCodeError  # noqa: E402
-from racefuzz.trace.convert import find_trace_races  # noqa: E402
+from racefuzz.program import Launch, Record  # noqa: E402
 from racefuzz.trace.graphs import GRAPH_NODE, REPLAY  # noqa: E402
-from racefuzz.trace.model import TraceLaunch, TraceRecord  # noqa: E402
+from racefuzz.trace.judge import trace_races  # noqa: E402
 from racefuzz.trace.search import launch_points, run_once  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def reference(step):
 
 
 def races_of(step):
-    return find_trace_races(reference(step).trace)
+    return trace_races(reference(step).program)
 
 
 def streams_set_up(env):
@@ -63,9 +63,9 @@ def test_a_replayed_read_racing_a_schedule_stream_write_is_a_race_and_clean_afte
     found = races_of(replayed_read_step(read_done_after_replay=False))
     assert [(r.race.kind.value, r.where) for r in found] == [("WAR", ("table[1, 0:8]",))]
     read, write = found[0].first, found[0].second
-    assert (read.kind, read.stream, read.kernel) == (GRAPH_NODE, "forward", "aten.mul.Tensor")
-    assert "in graph#1 replay 1 at" in read.source and "test_trace_graphs.py" in read.source
-    assert (write.stream, write.kernel) == ("schedule", "aten.fill_.Scalar")
+    assert (read.info["kind"], read.stream.name, read.kernel) == (GRAPH_NODE, "forward", "aten.mul.Tensor")
+    assert "in graph#1 replay 1 at" in read.info["at"] and "test_trace_graphs.py" in read.info["at"]
+    assert (write.stream.name, write.kernel) == ("schedule", "aten.fill_.Scalar")
     assert races_of(replayed_read_step(read_done_after_replay=True)) == []
 
 
@@ -94,26 +94,26 @@ def test_a_capture_runs_nothing_and_each_replay_runs_the_captured_ops_on_the_rep
     assert seen["after capture"].tolist() == [0.0] * 8  # CUDA runs no captured kernel at the capture
     assert seen["after replay 1"].tolist() == [21.0] * 8
     assert run.outputs["out"].tolist() == [51.0] * 8  # replay 2 read the row the default stream rewrote
-    ops = run.trace.ops
-    nodes = [op for op in ops if isinstance(op, TraceLaunch) and op.kind == GRAPH_NODE]
-    assert [(op.kernel, op.stream) for op in nodes] == [
+    ops = run.program.ops
+    nodes = [op for op in ops if isinstance(op, Launch) and op.info["kind"] == GRAPH_NODE]
+    assert [(op.kernel, op.stream.name) for op in nodes] == [
         ("aten.mul.Tensor", "forward"),
         ("aten.copy_.default", "forward"),
         ("aten.add_.Tensor", "forward"),
     ] * 2
-    boundaries = [op.kernel for op in ops if isinstance(op, TraceLaunch) and op.kind == REPLAY]
+    boundaries = [op.kernel for op in ops if isinstance(op, Launch) and op.info["kind"] == REPLAY]
     assert boundaries == ["graph#1.replay()", "graph#1.replay() done"] * 2
     # The capture's launches are not in the trace where the capture happened.
-    first_replay = next(i for i, op in enumerate(ops) if isinstance(op, TraceLaunch) and op.kind == REPLAY)
-    before = [op.kernel for op in ops[:first_replay] if isinstance(op, TraceLaunch)]
+    first_replay = next(i for i, op in enumerate(ops) if isinstance(op, Launch) and op.info["kind"] == REPLAY)
+    before = [op.kernel for op in ops[:first_replay] if isinstance(op, Launch)]
     assert "aten.mul.Tensor" not in before and "aten.add_.Tensor" not in before
     assert before[-1] == "aten.clone.default"  # the step's own `out.clone()` after the capture
     # The product `table[1] * 10` was allocated inside the capture: the graph's pool, no free on a stream
     # (a free at the end of the step would race with nothing here, but after a replay on another stream it
     # would: the graph still writes the block).
-    product = nodes[0].writes[0].storage
-    frees = [op for op in ops if isinstance(op, TraceLaunch) and op.kind == "free"]
-    assert frees and product not in {access.storage for op in frees for access in op.writes}
+    product = nodes[0].writes[0].buffer.id
+    frees = [op for op in ops if isinstance(op, Launch) and op.info["kind"] == "free"]
+    assert frees and product not in {cells.buffer.id for op in frees for cells in op.writes}
 
 
 def test_the_delay_points_of_a_replay_are_its_boundaries_not_its_nodes():
@@ -121,8 +121,8 @@ def test_the_delay_points_of_a_replay_are_its_boundaries_not_its_nodes():
     points = launch_points(run)
     forward = [n for stream, n in points if stream == "forward"]
     assert forward == [0, 1]  # before the replay and after it: the two boundary launches
-    on_forward = [op for op in run.trace.ops if isinstance(op, TraceLaunch) and op.stream == "forward"]
-    assert [op.kind for op in on_forward] == [REPLAY, GRAPH_NODE, GRAPH_NODE, REPLAY]
+    on_forward = [op for op in run.program.ops if isinstance(op, Launch) and op.stream.name == "forward"]
+    assert [op.info["kind"] for op in on_forward] == [REPLAY, GRAPH_NODE, GRAPH_NODE, REPLAY]
 
 
 def event_in_capture_step(record_after_read: bool):
@@ -152,8 +152,8 @@ def event_in_capture_step(record_after_read: bool):
 
 def test_an_event_recorded_inside_the_capture_is_recorded_by_each_replay_where_the_capture_put_it():
     run = reference(event_in_capture_step(record_after_read=True))
-    assert find_trace_races(run.trace) == []
-    records = [op for op in run.trace.ops if isinstance(op, TraceRecord) and op.stream == "forward"]
+    assert trace_races(run.program) == []
+    records = [op for op in run.program.ops if isinstance(op, Record) and op.stream.name == "forward"]
     assert len(records) == 1  # the replay's, on the replay stream; none at the capture
     found = races_of(event_in_capture_step(record_after_read=False))
     assert [(r.race.kind.value, r.where) for r in found] == [("WAR", ("table[1, 0:8]",))]
@@ -189,7 +189,7 @@ def two_replays_step(forward_waits_before_replay_2: bool):
 def test_two_replays_each_race_or_not_by_their_own_ordering():
     found = races_of(two_replays_step(forward_waits_before_replay_2=False))
     assert [(r.race.kind.value, r.where) for r in found] == [("RAW", ("table[1, 0:8]",))]
-    assert "in graph#1 replay 2 at" in found[0].second.source  # not replay 1: that one is ordered
+    assert "in graph#1 replay 2 at" in found[0].second.info["at"]  # not replay 1: that one is ordered
     assert races_of(two_replays_step(forward_waits_before_replay_2=True)) == []
 
 
@@ -226,14 +226,14 @@ def forked_capture_step(schedule_waits: bool):
 
 def test_a_stream_that_joins_the_capture_is_a_branch_of_each_replay_ordered_by_the_fork_and_the_join():
     run = reference(forked_capture_step(schedule_waits=True))
-    assert find_trace_races(run.trace) == []
+    assert trace_races(run.program) == []
     assert run.outputs["side_out"].tolist() == [3.0] * 8
-    branch = [op for op in run.trace.ops if isinstance(op, TraceLaunch) and op.kind == GRAPH_NODE]
-    (side,) = {op.stream for op in branch} - {"forward"}  # `side`, as a branch of this replay
+    branch = [op for op in run.program.ops if isinstance(op, Launch) and op.info["kind"] == GRAPH_NODE]
+    (side,) = {op.stream.name for op in branch} - {"forward"}  # `side`, as a branch of this replay
     assert side.startswith("graph#1/stream#") and side.endswith(" replay 1")
     # Without the wait, the schedule's write races with the side branch's read and with the forward's write.
     found = races_of(forked_capture_step(schedule_waits=False))
-    assert sorted((r.race.kind.value, r.where, r.first.stream) for r in found) == [
+    assert sorted((r.race.kind.value, r.where, r.first.stream.name) for r in found) == [
         ("WAR", ("table[2, 0:8]",), side),
         ("WAW", ("table[2, 0:8]",), "forward"),
     ]
@@ -250,7 +250,7 @@ def test_a_branch_not_joined_back_before_capture_end_is_refused_as_cuda_refuses_
 
     with pytest.raises(UserCodeError, match=r"stream stream#\d+ joined the capture of CUDA graph graph#1"):
         reference(unjoined)
-    assert reference(forked_capture_step(schedule_waits=True)).trace.ops  # the control: joined, recorded
+    assert reference(forked_capture_step(schedule_waits=True)).program.ops  # the control: joined, recorded
 
 
 def waiting_capture_step(wait_inside_capture: bool):
@@ -308,7 +308,7 @@ def test_a_host_sync_inside_a_capture_is_refused_as_cuda_refuses_it():
         out.fill_(table[0, 0].item())
         torch.cuda.synchronize()
 
-    assert reference(outside).trace.ops
+    assert reference(outside).program.ops
 
 
 def test_a_graph_captured_in_another_run_is_refused_at_its_replay():
@@ -325,7 +325,7 @@ def test_a_graph_captured_in_another_run_is_refused_at_its_replay():
     def replay_later(env):
         kept[0].replay()
 
-    assert [op.kernel for op in reference(capture).trace.ops if getattr(op, "kind", "") == REPLAY]
+    assert [op.kernel for op in reference(capture).program.ops if getattr(op, "info", {}).get("kind", "") == REPLAY]
     with pytest.raises(UserCodeError, match="captured outside this run"):
         reference(replay_later)
 
@@ -336,9 +336,9 @@ def test_graph_steps_record_the_same_trace_with_and_without_the_fast_path(monkey
     if fastpath.load() is None:
         pytest.skip("the C++ fast path is not available here")
     step = forked_capture_step(schedule_waits=False)
-    fast = reference(step).trace
+    fast = reference(step).program
     monkeypatch.setattr(fastpath, "_loaded", [None])
-    python = reference(step).trace
+    python = reference(step).program
     assert fast.ops == python.ops
 
 
@@ -351,10 +351,10 @@ def test_the_docs_cuda_graphs_example_runs_verbatim_and_races_where_the_docs_say
     namespace: dict = {}
     exec(compile(code, "docs/trace.md", "exec"), namespace)
     found = races_of(namespace["step"])
-    assert [(r.race.kind.value, r.first.kind, r.first.kernel, r.second.kernel, r.where) for r in found] == [
+    assert [(r.race.kind.value, r.first.info["kind"], r.first.kernel, r.second.kernel, r.where) for r in found] == [
         ("WAR", GRAPH_NODE, "aten.mul.Tensor", "aten.fill_.Scalar", ("table[1, 0:8]",))
     ]
-    assert "in graph#1 replay 1 at" in found[0].first.source
+    assert "in graph#1 replay 1 at" in found[0].first.info["at"]
 
 
 def test_a_kernel_launched_inside_a_capture_runs_at_each_replay_over_its_whole_annotated_views(monkeypatch):
@@ -387,8 +387,8 @@ def test_a_kernel_launched_inside_a_capture_runs_at_each_replay_over_its_whole_a
 
     run = reference(step)
     assert ran == [2] and run.outputs["out"].tolist() == [3.0] * 8
-    assert run.trace.whole_view_indexing == ["row_gather"]
-    assert [r.where for r in find_trace_races(run.trace)] == [("table[0, 0:8]",)]
+    assert run.whole_view_indexing == ["row_gather"]
+    assert [r.where for r in trace_races(run.program)] == [("table[0, 0:8]",)]
 
 
 def freed_before_capture_step(env):
@@ -414,8 +414,8 @@ def freed_before_capture_step(env):
 
 
 def test_a_captures_allocation_is_no_reuse_of_a_block_freed_on_the_capture_stream():
-    from racefuzz.trace.convert import judge_trace
+    from racefuzz.trace.judge import judge
 
-    judged = judge_trace(reference(freed_before_capture_step).trace)
+    judged = judge(reference(freed_before_capture_step).program)
     assert judged.races == []
-    assert [(r.first.stream, r.second.kind) for r in judged.latent] == [("schedule", "free")]
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in judged.latent] == [("schedule", "free")]

@@ -10,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from racefuzz.trace import host_memory  # noqa: E402
-from racefuzz.trace.convert import find_trace_races  # noqa: E402
+from racefuzz.trace.judge import trace_races  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
 DEVICE = torch.device(host_memory.DEVICE)
 
 
 def races(step):
-    return find_trace_races(run_once(step, "cpu").trace)
+    return trace_races(run_once(step, "cpu").program)
 
 
 def uva_step(sync: str, through: str):
@@ -47,7 +47,7 @@ def uva_step(sync: str, through: str):
 @pytest.mark.parametrize("through", ["tensor", "numpy"])
 def test_a_host_write_races_a_kernel_reading_the_uva_view(through):
     found = races(uva_step("none", through))
-    assert [(r.race.kind, r.first.stream, r.second.stream) for r in found] == [("WAR", "default", "host")]
+    assert [(r.race.kind, r.first.stream.name, r.second.stream.name) for r in found] == [("WAR", "default", "host")]
     assert found[0].first.kernel == "aten.mul.Tensor"  # a device launch, though its only input is host memory
 
 
@@ -68,10 +68,10 @@ def test_a_device_view_is_one_storage_with_its_host_tensor_and_its_views_are_dev
             seen["same"] = view.untyped_storage().data_ptr() == pinned.untyped_storage().data_ptr()
             part.add_(1)  # a launch on the view's bytes
 
-    trace = run_once(step, "cpu").trace
+    trace = run_once(step, "cpu").program
     assert seen == {"host": True, "view": False, "part": False, "same": True}
     (launch,) = [op for op in trace.ops if getattr(op, "kernel", "") == "aten.add_.Tensor"]
-    assert launch.stream == "default"
+    assert launch.stream.name == "default"
 
 
 def d2h_step(sync: str):
@@ -145,7 +145,7 @@ def test_item_of_a_host_tensor_is_a_host_read_not_a_sync():
             return {"total": torch.tensor(total)}
 
     found = races(step)
-    assert found and all(r.second.stream == "host" for r in found)
+    assert found and all(r.second.stream.name == "host" for r in found)
 
 
 def test_a_host_tensor_indexed_by_a_list_stays_a_host_tensor():

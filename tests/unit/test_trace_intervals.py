@@ -1,21 +1,15 @@
-"""racefuzz.trace's pure side, without torch: byte intervals of strided views, and a trace judged by the
-happens-before checker through its conversion to the Program IR."""
+"""racefuzz.trace's pure side, without torch: byte intervals of strided views, and a program emitted through
+the trace's builder judged by the happens-before checker."""
 
 from __future__ import annotations
 
-from racefuzz.trace.convert import find_trace_races, to_program
+from collections.abc import Callable
+
+from racefuzz.program import CellRange, Program
+from racefuzz.trace.builder import HOST, ProgramBuilder, launch_source
 from racefuzz.trace.intervals import MAX_RUNS, merge, overlap, view_intervals
-from racefuzz.trace.model import (
-    HOST,
-    Access,
-    Storage,
-    Trace,
-    TraceDeviceSync,
-    TraceLaunch,
-    TraceRecord,
-    TraceStreamSync,
-    TraceWait,
-)
+from racefuzz.trace.judge import judge, trace_races
+from racefuzz.trace.lifetime import with_reuse
 from racefuzz.trace.report import race_text
 
 # A 4 x 16 int32 table: 64 bytes per row.
@@ -58,68 +52,133 @@ def test_merge_and_overlap():
     assert overlap([(0, 16)], [(16, 32)]) == []
 
 
-def launch(index: int, stream: str, kernel: str, reads=(), writes=()) -> TraceLaunch:
-    def accesses(spec):
-        return tuple(Access(0, (iv,)) for iv in spec)
-
-    return TraceLaunch(index, stream, kernel, "torch", accesses(reads), accesses(writes), f"step.py:{index}")
+Emit = Callable[[ProgramBuilder], None]
 
 
-def trace_of(*ops) -> Trace:
-    trace = Trace(storages={0: Storage(0, "req_to_token", 4 * ROW, 4, ROW)}, streams=["schedule", "forward"])
-    trace.ops = list(ops)
-    return trace
+def launch(stream: str, kernel: str, reads=(), writes=()) -> Emit:
+    def emit(builder: ProgramBuilder) -> None:
+        (table_buffer,) = builder.buffers
+
+        def cells(spec) -> tuple[CellRange, ...]:
+            return tuple(CellRange(table_buffer, 0, 1, start, end) for start, end in spec)
+
+        builder.launch(stream, kernel, "torch", cells(reads), cells(writes), f"step.py:{len(builder.ops)}")
+
+    return emit
+
+
+def record(event: str, stream: str) -> Emit:
+    return lambda builder: builder.record(event, stream)
+
+
+def wait(stream: str, event: str) -> Emit:
+    return lambda builder: builder.wait(stream, event)
+
+
+def stream_sync(stream: str) -> Emit:
+    return lambda builder: builder.stream_sync(stream)
+
+
+def device_sync() -> Emit:
+    return lambda builder: builder.device_sync()
+
+
+def program_of(*ops: Emit) -> Program:
+    builder = ProgramBuilder()
+    builder.new_buffer("req_to_token", 4 * ROW, 4, ROW, "")
+    for name in ("schedule", "forward"):
+        builder.stream(name)
+    for emit in ops:
+        emit(builder)
+    return builder.program()
 
 
 def test_disjoint_rows_of_one_table_do_not_conflict():
-    races = find_trace_races(
-        trace_of(
-            launch(0, "forward", "gather_row_1", reads=[(ROW, 2 * ROW)]),
-            launch(1, "schedule", "write_row_2", writes=[(2 * ROW, 3 * ROW)]),
+    races = trace_races(
+        program_of(
+            launch("forward", "gather_row_1", reads=[(ROW, 2 * ROW)]),
+            launch("schedule", "write_row_2", writes=[(2 * ROW, 3 * ROW)]),
         )
     )
     assert races == []
 
 
 def test_a_write_inside_a_row_conflicts_with_a_read_of_the_table():
-    races = find_trace_races(
-        trace_of(
-            launch(0, "forward", "read_all", reads=[(0, 4 * ROW)]),
-            launch(1, "schedule", "write_R_1_4_8", writes=[(ROW + 16, ROW + 32)]),
+    races = trace_races(
+        program_of(
+            launch("forward", "read_all", reads=[(0, 4 * ROW)]),
+            launch("schedule", "write_R_1_4_8", writes=[(ROW + 16, ROW + 32)]),
         )
     )
     assert [str(r.race.kind) for r in races] == ["WAR"]
     assert races[0].where == ("req_to_token[1, 4:8]",)
-    assert races[0].first.kernel == "read_all" and races[0].second.source == "step.py:1"
+    assert races[0].first.kernel == "read_all" and launch_source(races[0].second) == "step.py:1"
     assert "schedule had never synchronized with forward" in race_text(races[0])
 
 
 def test_an_event_or_a_host_sync_orders_the_pair():
-    read = launch(0, "forward", "read", reads=[(0, ROW)])
-    write = launch(3, "schedule", "write", writes=[(0, ROW)])
-    by_event = trace_of(read, TraceRecord(1, "e", "forward"), TraceWait(2, "schedule", "e"), write)
-    by_sync = trace_of(read, TraceStreamSync(1, "forward"), TraceDeviceSync(2), write)
-    assert find_trace_races(by_event) == [] and find_trace_races(by_sync) == []
-    waited_too_early = trace_of(TraceRecord(0, "e", "forward"), TraceWait(1, "schedule", "e"), read, write)
-    assert len(find_trace_races(waited_too_early)) == 1
+    read = launch("forward", "read", reads=[(0, ROW)])
+    write = launch("schedule", "write", writes=[(0, ROW)])
+    by_event = program_of(read, record("e", "forward"), wait("schedule", "e"), write)
+    by_sync = program_of(read, stream_sync("forward"), device_sync(), write)
+    assert trace_races(by_event) == [] and trace_races(by_sync) == []
+    waited_too_early = program_of(record("e", "forward"), wait("schedule", "e"), read, write)
+    assert len(trace_races(waited_too_early)) == 1
 
 
 def test_the_host_is_a_participant_ordered_before_what_it_issues_next():
-    host_write = launch(0, HOST, "host fills pinned", writes=[(0, ROW)])
-    device_read = launch(1, "forward", "copy to device", reads=[(0, ROW)])
-    assert find_trace_races(trace_of(host_write, device_read)) == []  # issued after: ordered
-    device_write = launch(0, "forward", "copy to host", writes=[(0, ROW)])
-    host_read = launch(1, HOST, "host reads pinned", reads=[(0, ROW)])
-    races = find_trace_races(trace_of(device_write, host_read))  # non-blocking copy read without a sync
+    host_write = launch(HOST, "host fills pinned", writes=[(0, ROW)])
+    device_read = launch("forward", "copy to device", reads=[(0, ROW)])
+    assert trace_races(program_of(host_write, device_read)) == []  # issued after: ordered
+    device_write = launch("forward", "copy to host", writes=[(0, ROW)])
+    host_read = launch(HOST, "host reads pinned", reads=[(0, ROW)])
+    races = trace_races(program_of(device_write, host_read))  # non-blocking copy read without a sync
     assert [(r.first.kernel, r.second.kernel) for r in races] == [("copy to host", "host reads pinned")]
-    synced = trace_of(device_write, TraceStreamSync(1, "forward"), launch(2, HOST, "host reads", reads=[(0, ROW)]))
-    assert find_trace_races(synced) == []
+    synced = program_of(device_write, stream_sync("forward"), launch(HOST, "host reads", reads=[(0, ROW)]))
+    assert trace_races(synced) == []
+
+
+def test_the_host_order_is_emitted_as_it_happens_once_per_stream():
+    program = program_of(
+        launch(HOST, "host fills pinned", writes=[(0, ROW)]),
+        launch("forward", "first read", reads=[(0, ROW)]),
+        launch("forward", "second read", reads=[(0, ROW)]),
+    )
+    kinds = [type(op).__name__ for op in program.ops]
+    assert kinds == ["Launch", "Record", "WaitEvent", "Launch", "Launch"]  # one wait: forward is ordered since
 
 
 def test_a_storage_is_a_one_row_buffer_of_its_bytes():
-    converted = to_program(trace_of(launch(0, "forward", "read", reads=[(ROW, 2 * ROW)])))
-    (buffer,) = converted.program.buffers
+    program = program_of(launch("forward", "read", reads=[(ROW, 2 * ROW)]))
+    (buffer,) = program.buffers
     assert (buffer.rows, buffer.cols) == (1, 4 * ROW)
-    (cells,) = converted.program.launches[0].reads
+    assert (buffer.allocation.itemsize, buffer.allocation.row_bytes) == (4, ROW)
+    (cells,) = program.launches[0].reads
     assert (cells.row0, cells.row1, cells.col0, cells.col1) == (0, 1, ROW, 2 * ROW)
-    assert converted.launches[0].kernel == "read"
+    assert program.launches[0].kernel == "read" and cells.describe() == "req_to_token[1, 0:16]"
+
+
+def test_a_free_moved_to_its_reuse_keeps_its_index_and_the_host_order_is_emitted_again():
+    builder = ProgramBuilder()
+    used = builder.new_buffer("used", 64, 4, 0, "side")
+    reusing = builder.new_buffer("reusing", 64, 4, 0, "side")
+    host_side = builder.new_buffer("pinned", 64, 4, 0, "")
+
+    def whole(key: int) -> tuple[CellRange, ...]:
+        return (CellRange(builder.buffers[key], 0, 1, 0, 64),)
+
+    builder.stream("side")
+    builder.launch("forward", "read", "torch", whole(used), (), "step.py:1")
+    builder.launch(HOST, "host fills pinned", "host", (), whole(host_side), "step.py:2")
+    builder.free(used, "side", "step.py:3")  # side waits on the host order first
+    builder.launch("side", "write", "torch", (), whole(reusing), "step.py:4")  # the reuse of used's block
+    program = builder.program()
+    kinds = [type(op).__name__ for op in program.ops]
+    assert kinds == ["Launch", "Launch", "Record", "WaitEvent", "Launch", "Launch"]
+    judged = judge(program)
+    (race,) = judged.races
+    assert race.second.index == 4 and program.ops[4].kernel == "free(used)"  # the recorded free's index
+    assert race.second.kernel == "free(used), its block reused by write (step.py:4)" and judged.latent == []
+    moved, origin, unreused = with_reuse(program)
+    assert [type(op).__name__ for op in moved.ops] == kinds  # one host-order wait, before the moved free
+    assert [origin[op.index] for op in moved.ops] == [0, 1, -1, -1, 4, 5] and unreused == set()

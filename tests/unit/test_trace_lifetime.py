@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from racefuzz.trace import fuzz  # noqa: E402
-from racefuzz.trace.convert import find_trace_races, judge_trace  # noqa: E402
+from racefuzz.trace.judge import judge, trace_races  # noqa: E402
 from racefuzz.trace.lifetime import SMALL_BLOCK_BYTES, reuse_points  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
@@ -49,14 +49,14 @@ def lifetime_step(reuse: str, ordered_before_reuse: bool = False):
 
 
 def judged(step):
-    return judge_trace(run_once(step, "cpu", serialize=True).trace)
+    return judge(run_once(step, "cpu", serialize=True).program)
 
 
 def test_a_free_reused_by_a_later_allocation_on_its_stream_races_with_the_reuse():
     judgement = judged(lifetime_step("default"))
-    assert [(r.race.kind.value, r.first.stream, r.second.kind, r.second.stream) for r in judgement.races] == [
-        ("WAR", "forward", "free", "default")
-    ]
+    assert [
+        (r.race.kind.value, r.first.stream.name, r.second.info["kind"], r.second.stream.name) for r in judgement.races
+    ] == [("WAR", "forward", "free", "default")]
     assert "its block reused by aten.zeros.default" in judgement.races[0].second.kernel
     assert judgement.latent == []
     # The control: the default stream waits for the read after the free, before it allocates again.
@@ -68,7 +68,7 @@ def test_a_free_no_later_allocation_can_reuse_is_a_latent_hazard_not_a_race():
     for reuse in ("none", "default-large", "forward"):
         judgement = judged(lifetime_step(reuse))
         assert judgement.races == [], reuse
-        assert [(r.first.stream, r.second.kind, r.second.stream) for r in judgement.latent] == [
+        assert [(r.first.stream.name, r.second.info["kind"], r.second.stream.name) for r in judgement.latent] == [
             ("forward", "free", "default")
         ], reuse
     # The control, in the same terms: the same step with a reuse is a race.
@@ -93,10 +93,10 @@ def test_a_free_ordered_after_every_use_is_neither():
 
 def test_the_search_counts_the_reuse_race_and_not_the_latent_hazard():
     reused = fuzz(lifetime_step("default"), device="cpu")
-    assert [r.second.kind for r in reused.races] == ["free"] and reused.latent == [] and reused.racy
+    assert [r.second.info["kind"] for r in reused.races] == ["free"] and reused.latent == [] and reused.racy
     latent = fuzz(lifetime_step("none"), device="cpu")
     assert latent.races == [] and not latent.racy
-    assert [(r.first.stream, r.second.kind) for r in latent.latent] == [("forward", "free")]
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in latent.latent] == [("forward", "free")]
 
 
 def test_storages_name_the_stream_they_were_allocated_on_on_both_recording_paths(monkeypatch):
@@ -105,9 +105,9 @@ def test_storages_name_the_stream_they_were_allocated_on_on_both_recording_paths
     def allocations(fast: bool):
         if not fast:
             monkeypatch.setattr(fastpath_module, "load", lambda: None)
-        trace = run_once(lifetime_step("forward"), "cpu").trace
+        trace = run_once(lifetime_step("forward"), "cpu").program
         monkeypatch.undo()
-        return sorted((s.name.split(" ", 1)[1], s.allocated_on) for s in trace.storages.values())
+        return sorted((b.name.split(" ", 1)[1], b.allocation.allocated_on) for b in trace.buffers)
 
     slow = allocations(fast=False)
     assert slow == [
@@ -132,10 +132,10 @@ def test_a_storage_made_before_the_recording_is_no_allocation_that_reuses_a_bloc
         made_before.fill_(1)  # first accessed here, on the default stream: not an allocation
         return {"total": total}
 
-    trace = run_once(step, "cpu").trace
+    trace = run_once(step, "cpu").program
     assert reuse_points(trace) == {}
-    assert find_trace_races(trace) == []
-    assert len(judge_trace(trace).latent) == 1
+    assert trace_races(trace) == []
+    assert len(judge(trace).latent) == 1
 
 
 def test_the_report_says_a_latent_hazard_once_and_does_not_count_it():

@@ -119,7 +119,7 @@ def test_a_race_free_step_with_a_nondeterministic_launch_is_clean_and_names_the_
     assert result.races == [] and not result.racy
     assert result.divergence is None and result.examples > 0
     kernels = [
-        result.reference.trace.ops[result.reference.launch_ops[o]].kernel for o in result.nondeterministic.launches
+        result.reference.builder.ops[result.reference.launch_ops[o]].kernel for o in result.nondeterministic.launches
     ]
     assert "aten.rand.default" in kernels and "aten.mul.Tensor" in kernels  # the launch and the one downstream
     assert result.nondeterministic.outputs == frozenset({"scores"})
@@ -151,7 +151,7 @@ def test_the_negative_control_a_real_race_beside_the_noise_still_manifests_k_of_
     assert result.confirmation is not None and result.confirmation.confirmed  # racefuzz.confirm: 3 of 3
     assert (result.confirmed, result.confirm_runs) == (3, 3)
     assert result.manifested and "aten.rand.default" in [
-        result.reference.trace.ops[result.reference.launch_ops[o]].kernel for o in result.nondeterministic.launches
+        result.reference.builder.ops[result.reference.launch_ops[o]].kernel for o in result.nondeterministic.launches
     ]
 
 

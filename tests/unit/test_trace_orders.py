@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from racefuzz.exitcodes import ExitCode  # noqa: E402
 from racefuzz.schedule import Schedule, ScheduleInfeasible  # noqa: E402
 from racefuzz.trace import fastpath, search  # noqa: E402
-from racefuzz.trace.convert import judge_trace  # noqa: E402
+from racefuzz.trace.judge import judge  # noqa: E402
 from racefuzz.trace.orders import Gates, OrderFacts, candidate_orders  # noqa: E402
 
 SCHEDULE_WRITE, FORWARD_READ = ("schedule", 0), ("forward", 0)
@@ -100,10 +100,10 @@ def _reference(step):
 
 def test_the_candidate_order_of_a_war_puts_its_write_before_its_read():
     reference = _reference(war_step)
-    races = judge_trace(reference.trace).races
+    races = judge(reference.program).races
     assert [str(race.race.kind) for race in races] == ["WAR"]
     assert candidate_orders(reference, races) == [(SCHEDULE_WRITE, FORWARD_READ)]
-    assert candidate_orders(_reference(synced_step), judge_trace(_reference(synced_step).trace).races) == []
+    assert candidate_orders(_reference(synced_step), judge(_reference(synced_step).program).races) == []
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast path", "python path"])

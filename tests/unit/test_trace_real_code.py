@@ -11,18 +11,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from racefuzz.program import EventSync, Launch, Record, StreamSync  # noqa: E402
 from racefuzz.trace import TraceEnv, VirtualEvent, VirtualStream, fuzz  # noqa: E402
 from racefuzz.trace import fastpath as fastpath_module  # noqa: E402
 from racefuzz.trace.capture import recording  # noqa: E402
-from racefuzz.trace.convert import find_trace_races  # noqa: E402
-from racefuzz.trace.model import TraceEventSync, TraceRecord, TraceStreamSync  # noqa: E402
+from racefuzz.trace.judge import trace_races  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 from racefuzz.trace.report import render  # noqa: E402
 from racefuzz.trace.search import run_once  # noqa: E402
 
 
 def races_of(step, **options):
-    return find_trace_races(run_once(step, "cpu", serialize=True, **options).trace)
+    return trace_races(run_once(step, "cpu", serialize=True, **options).program)
 
 
 def where(step, **options):
@@ -144,12 +144,13 @@ def test_an_index_op_whose_values_cannot_be_read_keeps_its_whole_view_and_the_re
     recorder.exact_indexing = False
     with recording(recorder):
         step(TraceEnv(recorder, "cpu"))
-    trace = recorder.record.trace
-    assert trace.whole_view_indexing == ["aten.index_select.default"]
-    assert [r.where for r in find_trace_races(trace)] == [("req_to_token[2, 0:2]",)]  # the whole table was read
+    assert recorder.record.whole_view_indexing == ["aten.index_select.default"]
+    assert [r.where for r in trace_races(recorder.record.program)] == [
+        ("req_to_token[2, 0:2]",)
+    ]  # the whole table was read
 
     result = fuzz(gather_step(GATHERS["index_select"], written_row=2), device="cpu")
-    assert result.reference.trace.whole_view_indexing == [] and not result.racy
+    assert result.reference.whole_view_indexing == [] and not result.racy
     result.reference = recorder.finish({})
     assert "index ops recorded over their whole views" in render(result)
     assert "aten.index_select.default" in render(result)
@@ -164,8 +165,12 @@ def test_index_ops_go_to_the_python_path_under_the_fast_path(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(fastpath_module, "load", lambda: None)
         slow = run_once(step, "cpu", serialize=True)
-    assert [op[:-2] for op in fast.trace.ops] == [op[:-2] for op in slow.trace.ops]  # not the source lines
-    assert find_trace_races(fast.trace) == []
+
+    def without_sources(ops):
+        return [(*op[:7], op.info["kind"]) if type(op) is Launch else op for op in ops]
+
+    assert without_sources(fast.program.ops) == without_sources(slow.program.ops)  # not the source lines
+    assert trace_races(fast.program) == []
 
 
 def test_a_huge_index_is_coarsened_to_its_bounding_interval_never_dropped():
@@ -225,7 +230,7 @@ HOST_READS = {
 def test_a_host_read_before_the_copys_sync_is_a_race_and_after_it_clean(name):
     read = HOST_READS[name]
     found = races_of(host_read_step(read, synced=False))
-    assert [(r.race.kind.value, r.first.stream, r.first.kernel) for r in found][:1] == [
+    assert [(r.race.kind.value, r.first.stream.name, r.first.kernel) for r in found][:1] == [
         ("RAW", "copy", "aten.copy_.default")
     ]
     assert races_of(host_read_step(read, synced=True)) == []
@@ -239,9 +244,9 @@ def test_tolist_is_a_copy_on_the_current_stream_then_the_hosts_sync_as_item_is()
             values.add_(1)
             values.tolist()
 
-    ops = run_once(step, "cpu").trace.ops
+    ops = run_once(step, "cpu").program.ops
     read = next(i for i, op in enumerate(ops) if getattr(op, "kernel", "") == "Tensor.tolist (device-to-host copy)")
-    assert ops[read].stream == "forward" and ops[read + 1] == TraceStreamSync(read + 1, "forward")
+    assert ops[read].stream.name == "forward" and ops[read + 1] == StreamSync(read + 1, ops[read].stream)
 
 
 def test_host_reads_outside_a_recording_are_torchs_own():
@@ -292,7 +297,7 @@ def engine_step(barrier: bool, module_of=lambda env: torch.get_device_module(env
 )
 def test_an_engines_own_stream_api_resolves_to_the_runs_virtual_streams(module_of):
     found = races_of(engine_step(barrier=False, module_of=module_of))
-    assert [(r.first.stream, r.second.stream, r.where) for r in found] == [
+    assert [(r.first.stream.name, r.second.stream.name, r.where) for r in found] == [
         ("stream#1", "stream#2", ("req_to_token[1, 0:2]",))
     ]
     assert races_of(engine_step(barrier=True, module_of=module_of)) == []
@@ -313,14 +318,15 @@ def test_torch_made_streams_and_events_are_virtual_and_current_stream_follows_th
         torch.cuda.set_stream(seen["default"])
         seen["query"] = (stream.query(), seen["event"].query())
 
-    trace = run_once(step, "cpu").trace
+    trace = run_once(step, "cpu").program
     assert isinstance(seen["stream"], VirtualStream)
     assert isinstance(seen["event"], VirtualEvent)
     assert seen["current"] is seen["default"] and seen["current"].name == "default"
     assert seen["inside"] == (seen["stream"],) * 3 and seen["set"] is seen["stream"]
     assert seen["query"] == (True, True)  # a query that answers True is a sync, as on a GPU
-    syncs = [op for op in trace.ops if isinstance(op, (TraceStreamSync, TraceEventSync))]
-    assert [type(op)(0, *op[1:]) for op in syncs] == [TraceStreamSync(0, "stream#1"), TraceEventSync(0, "event#1")]
+    syncs = [op for op in trace.ops if isinstance(op, (StreamSync, EventSync))]
+    named = [(type(op).__name__, op.stream.name if type(op) is StreamSync else op.event.name) for op in syncs]
+    assert named == [("StreamSync", "stream#1"), ("EventSync", "event#1")]
     # Recorded or not, torch's own again after the recording.
     assert torch.cuda.Stream.__module__ == "torch.cuda.streams" and torch.cpu.Stream.__module__ == "torch.cpu"
     assert isinstance(torch.cpu.current_stream(), torch.cpu.Stream)
@@ -359,7 +365,7 @@ def free_step(record_stream: bool, synced: bool = False):
 
 def test_a_free_while_in_use_is_a_race_on_the_cpu_as_on_a_gpu():
     result = fuzz(free_step(record_stream=False), device="cpu")
-    assert [(r.first.stream, r.second.kind) for r in result.races] == [("forward", "free")]
+    assert [(r.first.stream.name, r.second.info["kind"]) for r in result.races] == [("forward", "free")]
     assert fuzz(free_step(record_stream=False, synced=True), device="cpu").races == []
 
 
@@ -396,7 +402,7 @@ def test_env_event_takes_a_name_which_the_trace_and_reports_use():
         for event in (first, second, anonymous):
             event.record()
 
-    records = [op.event for op in run_once(step, "cpu").trace.ops if isinstance(op, TraceRecord)]
+    records = [op.event.name for op in run_once(step, "cpu").program.ops if isinstance(op, Record)]
     assert records == ["copy_done", "copy_done#2", "event#1"]
 
 
@@ -418,7 +424,7 @@ def first_docs_example(env):
 
 def test_the_first_docs_example_reports_only_the_pair_it_is_about():
     found = races_of(first_docs_example)
-    assert [(r.first.stream, r.second.stream, r.where) for r in found] == [
+    assert [(r.first.stream.name, r.second.stream.name, r.where) for r in found] == [
         ("forward", "schedule", ("req_to_token[1, 0:8]",))
     ]
 
@@ -522,26 +528,26 @@ def tensor_from_data_step(device_named: bool, freed_in_use: bool):
 def test_a_tensor_made_from_data_for_the_device_is_a_blocking_copy_into_a_block_of_the_stream():
     # The copy's sync orders the rewrite before the forward's read; the index's free races with that read.
     found = races_of(tensor_from_data_step(device_named=True, freed_in_use=True))
-    assert [(r.race.kind.value, r.first.stream, r.second.kind) for r in found] == [("WAR", "forward", "free")]
+    assert [(r.race.kind.value, r.first.stream.name, r.second.info["kind"]) for r in found] == [
+        ("WAR", "forward", "free")
+    ]
     assert races_of(tensor_from_data_step(device_named=True, freed_in_use=False)) == []
     # Without a device it is a host tensor, as in a GPU run: no copy, no sync, no block of a stream.
     found = races_of(tensor_from_data_step(device_named=False, freed_in_use=True))
-    assert [(r.race.kind.value, r.first.stream, r.second.stream) for r in found] == [("RAW", "schedule", "forward")]
+    assert [(r.race.kind.value, r.first.stream.name, r.second.stream.name) for r in found] == [
+        ("RAW", "schedule", "forward")
+    ]
     for name, make in (
         ("as_tensor", lambda env: {"t": torch.as_tensor([1], dtype=torch.int64, device=env.device)}),
         ("asarray", lambda env: {"t": torch.asarray([1], device=env.device)}),
     ):
-        kernels = [getattr(op, "kernel", "") for op in run_once(make, "cpu").trace.ops]
+        kernels = [getattr(op, "kernel", "") for op in run_once(make, "cpu").program.ops]
         assert "torch.tensor (host-to-device copy)" in kernels, name
 
 
-def test_the_whole_view_note_survives_a_trace_file():
-    from racefuzz.trace.model import trace_from_json, trace_to_json
-
+def test_the_whole_view_note_is_the_run_records():
     recorder = Recorder("cpu")
     recorder.exact_indexing = False
     with recording(recorder):
         gather_step(GATHERS["R[idx]"], written_row=2)(TraceEnv(recorder, "cpu"))
-    trace = recorder.record.trace
-    assert trace.whole_view_indexing == ["aten.index.Tensor"]
-    assert trace_from_json(trace_to_json(trace)).whole_view_indexing == ["aten.index.Tensor"]
+    assert recorder.record.whole_view_indexing == ["aten.index.Tensor"]

@@ -9,14 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from racefuzz.program import Launch  # noqa: E402
 from racefuzz.trace.capture import TORCH_TENSOR_COPY, recording  # noqa: E402
 from racefuzz.trace.env import TraceEnv  # noqa: E402
-from racefuzz.trace.model import TraceLaunch  # noqa: E402
 from racefuzz.trace.recorder import Recorder  # noqa: E402
 
 
-def launches(recorder: Recorder, kernel: str) -> list[TraceLaunch]:
-    return [op for op in recorder.record.trace.ops if isinstance(op, TraceLaunch) and op.kernel == kernel]
+def launches(recorder: Recorder, kernel: str) -> list[Launch]:
+    return [op for op in recorder.builder.ops if isinstance(op, Launch) and op.kernel == kernel]
 
 
 def test_a_cpu_torch_tensor_copy_names_the_steps_line_not_racefuzzs_patch():
@@ -26,7 +26,7 @@ def test_a_cpu_torch_tensor_copy_names_the_steps_line_not_racefuzzs_patch():
         line = inspect.currentframe().f_lineno + 1
         made = torch.tensor([1, 2, 3], device=env.device)
     (copy,) = launches(recorder, TORCH_TENSOR_COPY)
-    assert copy.source.endswith(f":{line} (test_a_cpu_torch_tensor_copy_names_the_steps_line_not_racefuzzs_patch)")
+    assert copy.info["at"].endswith(f":{line} (test_a_cpu_torch_tensor_copy_names_the_steps_line_not_racefuzzs_patch)")
     assert made.tolist() == [1, 2, 3]
 
 
@@ -71,7 +71,7 @@ def test_two_step_functions_at_one_bytecode_offset_keep_their_own_source_lines()
         first(x)
         second(x)
         first(x)
-    sources = [op.source for op in launches(recorder, "aten.add_.Tensor")]
+    sources = [op.info["at"] for op in launches(recorder, "aten.add_.Tensor")]
     assert [s.rsplit(" ", 1)[-1] for s in sources] == ["(first)", "(second)", "(first)"]
     assert sources[0] == sources[2] != sources[1]
 
@@ -119,13 +119,15 @@ def test_copies_allocations_and_decomposed_ops_are_recorded_below_the_mode_as_th
     if fastpath.load() is None:
         pytest.skip("the C++ fast path cannot be built here (see stderr)")
     fast, slow = record(copies_step, True, monkeypatch, **options), record(copies_step, False, monkeypatch, **options)
-    assert fast.trace.ops == slow.trace.ops and fast.trace.storages == slow.trace.storages
-    assert fast.launch_ops == slow.launch_ops and fast.trace.streams == slow.trace.streams
+    assert fast.program.ops == slow.program.ops and fast.program.buffers == slow.program.buffers
+    assert fast.launch_ops == slow.launch_ops and fast.program.streams == slow.program.streams
     assert sorted(fast.snapshots) == sorted(slow.snapshots)
-    kernels = [op.kernel for op in fast.trace.ops if isinstance(op, TraceLaunch)]
+    kernels = [op.kernel for op in fast.program.ops if isinstance(op, Launch)]
     assert kernels.count(TORCH_TENSOR_COPY) == 1  # `torch.tensor([1, 2])` without a device is no launch
     assert {"aten.mm.default", "aten._to_copy.default", "aten.copy_.default"} <= set(kernels)
-    frees = {op.kernel: op.stream for op in fast.trace.ops if isinstance(op, TraceLaunch) and op.kind == "free"}
+    frees = {
+        op.kernel: op.stream.name for op in fast.program.ops if isinstance(op, Launch) and op.info["kind"] == "free"
+    }
     assert frees["free(tmp6 (aten.fill_.Scalar))"] == "side"  # `scratch`'s block, allocated by `empty` there
 
     mode_class = trace_mode_class()

@@ -8,25 +8,26 @@ sglang and Triton are importable, the traces are also recorded afresh and must m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from racefuzz.trace.convert import find_trace_races
-from racefuzz.trace.model import TraceWait, trace_from_json, trace_to_json
+from racefuzz.program import Program, WaitEvent, program_from_json, program_to_json
+from racefuzz.trace.judge import trace_races
 
 TRACES = Path(__file__).parent / "traces"
 DESIGNS = ("none", "global-war", "war-after-launch", "self-event")
 
 
-def committed(design: str):
-    return trace_from_json(json.loads((TRACES / f"sglang-{design}.json").read_text()))
+def committed(design: str) -> Program:
+    return program_from_json(json.loads((TRACES / f"sglang-{design}.json").read_text()))
 
 
 def test_none_races_exactly_where_the_scheduler_rewrites_a_row_the_forward_reads():
-    races = find_trace_races(committed("none"))
+    races = trace_races(committed("none"))
     assert [(str(r.race.kind), r.first.kernel, r.second.kernel, r.where) for r in races] == [
         ("WAR", "create_flashinfer_kv_indices_triton", "write_req_to_token_pool_triton", ("req_to_token[1, 0:48]",)),
         ("WAR", "aten.index.Tensor", "write_req_to_token_pool_triton", ("req_to_token[1, 0:32]",)),
@@ -37,16 +38,17 @@ def test_none_races_exactly_where_the_scheduler_rewrites_a_row_the_forward_reads
 
 @pytest.mark.parametrize("design", ["global-war", "war-after-launch", "self-event"])
 def test_every_barrier_orders_the_pairs(design: str):
-    trace = committed(design)
-    assert find_trace_races(trace) == []
+    program = committed(design)
+    assert trace_races(program) == []
     # The verdict rests on the barrier's wait: drop the scheduler's waits on the forward and it races.
-    trace.ops = [op for op in trace.ops if not (isinstance(op, TraceWait) and op.stream == "schedule_stream")]
-    assert find_trace_races(trace) != []
+    kept = [op for op in program.ops if not (isinstance(op, WaitEvent) and op.stream.name == "schedule_stream")]
+    unsynced = dataclasses.replace(program, ops=tuple(op._replace(index=i) for i, op in enumerate(kept)))
+    assert trace_races(unsynced) != []
 
 
 def test_the_traces_round_trip_through_json():
-    trace = committed("none")
-    assert trace_from_json(json.loads(json.dumps(trace_to_json(trace)))) == trace
+    program = committed("none")
+    assert program_from_json(json.loads(json.dumps(program_to_json(program)))) == program
 
 
 @pytest.mark.skipif(
@@ -59,5 +61,5 @@ def test_recording_sglangs_code_afresh_gives_the_committed_verdicts(design: str)
     from racefuzz.scenarios.sglang import real_kernels
     from racefuzz.trace.search import run_once
 
-    fresh = run_once(real_kernels.step_for(design), "cpu", serialize=True, run_kernels=False).trace
-    assert [str(r) for r in find_trace_races(fresh)] == [str(r) for r in find_trace_races(committed(design))]
+    fresh = run_once(real_kernels.step_for(design), "cpu", serialize=True, run_kernels=False).program
+    assert [str(r) for r in trace_races(fresh)] == [str(r) for r in trace_races(committed(design))]

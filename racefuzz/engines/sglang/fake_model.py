@@ -48,7 +48,7 @@ def _trace_position() -> int:
     from racefuzz.trace.capture import active
 
     recorder = active()
-    return len(recorder.record.trace.ops) if recorder is not None else -1
+    return len(recorder.builder.ops) if recorder is not None else -1
 
 
 def _sglang_chain(frame: Any, depth: int = 6) -> str:

@@ -34,12 +34,13 @@ def race_json(
 ) -> dict[str, Any]:
     from racefuzz.engines.sglang.scheduler import caller_chain
     from racefuzz.engines.sglang.stubs import CPU_EQUIVALENTS, LAUNCH_SITES
+    from racefuzz.trace.builder import launch_source
 
     a, b = race.first, race.second
 
     def access(launch: Any) -> dict[str, Any]:
-        source = short_source(launch.source)
-        described = {"kernel": launch.kernel, "stream": launch.stream, "source": source}
+        source = short_source(launch_source(launch))
+        described = {"kernel": launch.kernel, "stream": launch.stream.name, "source": source}
         if launch.kernel == "attention_kv_indices":
             site = caller_chain(read_sites, launch.index)
             described["called_from"] = [site] if site else sorted(forward_callers)
@@ -62,27 +63,24 @@ def race_json(
     }
 
 
-def freed_in_use(trace: Any, judgement: Any) -> list[Any]:
+def freed_in_use(program: Any, judgement: Any) -> list[Any]:
     """The pairs of a use on one stream and a free on another that nothing orders at the free itself, whose
     block's reuse is ordered after the use (neither a race nor latent in `judgement`): sglang #34076's
     "wait_stream orders execution but does not protect deallocation". Under torch's native caching
     allocator the bytes change only at the reuse (`racefuzz.trace.lifetime`), so these are said, not counted;
     they are the pairs an allocator that hands a freed block on before it is reused on its own stream would
     corrupt, which racefuzz does not model."""
-    from racefuzz.hb import find_races
-    from racefuzz.trace.convert import TraceRace, to_program
+    from racefuzz.trace.builder import launch_kind
+    from racefuzz.trace.judge import unmoved_races
 
     judged = {(r.first.index, r.second.index) for r in judgement.races + judgement.latent}
-    converted = to_program(trace)
-    storages = list(trace.storages.values())  # buffer id i is the i-th storage, as convert numbers them
-    found = []
-    for race in find_races(converted.program):
-        first, second = converted.launches[race.first.index], converted.launches[race.second.index]
-        if second.kind != "free" or first.stream == second.stream or (first.index, second.index) in judged:
-            continue
-        where = tuple(storages[c.buffer.id].describe(c.col0, c.col1) for c in race.cells)
-        found.append(TraceRace(race, first, second, where))
-    return found
+    return [
+        race
+        for race in unmoved_races(program)
+        if launch_kind(race.second) == "free"
+        and race.first.stream != race.second.stream
+        and (race.first.index, race.second.index) not in judged
+    ]
 
 
 def run_version(
@@ -100,7 +98,7 @@ def run_version(
     (`sglang_functions`, the races' `chain`, `syncs` are then empty): the benchmark's measure of what the
     recorder alone costs (`ci.bench sglang_loop`), not a verdict's run."""
     from racefuzz.engines.sglang import scheduler as harness_scheduler
-    from racefuzz.trace.convert import judge_trace
+    from racefuzz.trace.judge import judge
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
@@ -127,7 +125,7 @@ def run_version(
     LAUNCH_SITES.clear()
     began = time.perf_counter()
     record = run_once(step, device)
-    judgement = judge_trace(record.trace)
+    judgement = judge(record.program)
     races = judgement.races
     run = holder["run"]
     from racefuzz.engines.sglang.fake_model import FakeModelConfig, FakeModelRunner
@@ -148,7 +146,7 @@ def run_version(
         "latent": [race_json(r, holder["chains"], run.forward_callers, run.read_sites) for r in judgement.latent],
         "freed_in_use": [
             race_json(r, holder["chains"], run.forward_callers, run.read_sites)
-            for r in freed_in_use(record.trace, judgement)
+            for r in freed_in_use(record.program, judgement)
         ],
         "sglang_functions": sorted(holder["functions"]),
         "seconds": round(time.perf_counter() - began, 3),

@@ -71,7 +71,7 @@ def manifest_workload(
     happens-before races of a serialized run, the aimed delays, and what `fuzz` found (divergence,
     delays, k of k, runs, seconds) as JSON. `sgl` and `adapter` as the harness's `main` made them."""
     from racefuzz.engines.sglang.scheduler import build_and_run, configure
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import fuzz, run_once
 
     configure(sgl, adapter, workload, device)
@@ -81,7 +81,7 @@ def manifest_workload(
 
     began = time.perf_counter()
     reference = run_once(step, device, serialize=True)
-    races = find_trace_races(reference.trace)
+    races = trace_races(reference.program)
     aimed = aimed_delays(reference, races)
     result = fuzz(
         step,

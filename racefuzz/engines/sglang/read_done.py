@@ -709,7 +709,8 @@ def sglang_sites(python_dir: str, sites: list[str]) -> Any:
 
 def run_case(sgl: Sglang, case: Case, python_dir: str) -> dict[str, Any]:
     """Record `case`'s step once on the CPU and judge it by happens-before."""
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.builder import launch_kind, launch_source
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
@@ -717,7 +718,7 @@ def run_case(sgl: Sglang, case: Case, python_dir: str) -> dict[str, Any]:
     began = time.perf_counter()
     with sglang_sites(python_dir, sites):
         record = run_once(make_step(sgl, case, holder), "cpu")
-    races = find_trace_races(record.trace)
+    races = trace_races(record.program)
     return {
         "case": case.name,
         "publisher": case.kind,
@@ -734,8 +735,10 @@ def run_case(sgl: Sglang, case: Case, python_dir: str) -> dict[str, Any]:
             {
                 "kind": race.race.kind.value,
                 "where": list(race.where),
-                "first": f"{race.first.kernel} on {race.first.stream} ({race.first.kind}) {race.first.source}",
-                "second": f"{race.second.kernel} on {race.second.stream} ({race.second.kind}) {race.second.source}",
+                "first": f"{race.first.kernel} on {race.first.stream} ({launch_kind(race.first)}) "
+                f"{launch_source(race.first)}",
+                "second": f"{race.second.kernel} on {race.second.stream} ({launch_kind(race.second)}) "
+                f"{launch_source(race.second)}",
                 "missing_edge": race.race.missing_edge(),
             }
             for race in races

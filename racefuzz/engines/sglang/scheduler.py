@@ -304,7 +304,7 @@ def profile_functions(
                     links.append(f"{name[cut:]}:{caller.f_lineno} ({caller.f_code.co_name})")
                 caller = caller.f_back
             recorder = active()
-            position = len(recorder.record.trace.ops) if recorder is not None else -1
+            position = len(recorder.builder.ops) if recorder is not None else -1
             calls.append((position, " <- ".join(links)))
 
     restore: list[Callable[[], None]] = []

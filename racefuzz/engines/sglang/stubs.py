@@ -439,7 +439,7 @@ class StubKernel:
             from racefuzz.trace.capture import active, launch_kernel
 
             recorder = active()
-            position = len(recorder.record.trace.ops) if recorder is not None else -1
+            position = len(recorder.builder.ops) if recorder is not None else -1
             LAUNCH_SITES.append((position, _launch_site(sys._getframe(1))))
 
             parameters = inspect.signature(self.fn).parameters

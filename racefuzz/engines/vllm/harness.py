@@ -39,7 +39,9 @@ def _short(source: str) -> str:
 
 def race_json(race: Any) -> dict[str, Any]:
     def access(launch: Any) -> dict[str, Any]:
-        return {"kernel": launch.kernel, "stream": launch.stream, "source": _short(launch.source)}
+        from racefuzz.trace.builder import launch_source
+
+        return {"kernel": launch.kernel, "stream": launch.stream.name, "source": _short(launch_source(launch))}
 
     return {
         "kind": race.race.kind,
@@ -58,7 +60,8 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
 
     from racefuzz.engines.vllm import runner as vllm_runner
     from racefuzz.engines.vllm.host_memory import HostTensors
-    from racefuzz.trace.convert import find_trace_races
+    from racefuzz.trace.builder import HOST, is_host_order
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import run_once
 
     holder: dict[str, Any] = {}
@@ -81,7 +84,7 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
 
     began = time.perf_counter()
     record = run_once(step, device)
-    races = find_trace_races(record.trace)
+    races = trace_races(record.program)
     run = holder["run"]
     return {
         "control": control,
@@ -91,7 +94,11 @@ def run_workload(workload: Any, control: bool, device: str = "cpu", slot_mapping
         "forwards": run.forwards,
         "outputs": run.outputs,
         "launches": len(record.launch_ops),
-        "host_accesses": sum(1 for op in record.trace.ops if getattr(op, "stream", None) == "host"),
+        "host_accesses": sum(
+            1
+            for op in record.builder.ops
+            if getattr(getattr(op, "stream", None), "name", None) == HOST and not is_host_order(op)
+        ),
         "races": [race_json(r) for r in races],
         "seconds": round(time.perf_counter() - began, 3),
     }

@@ -373,10 +373,9 @@ def _record_numpy_read(array: Any, key: Any) -> None:
     )
     first, last = int(offsets.min()), int(offsets.max())
     region = torch_view(array._owner, plain, first, (last - first) // plain.itemsize + 1, None)
-    ops = recorder.record.trace.ops
-    recorder.host_access(NUMPY_READ, [region], [])
     caller = sys._getframe(2)  # the frame that indexed the array (past ReadRecorded.__getitem__)
-    ops[-1] = ops[-1]._replace(source=f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})")
+    source = f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"
+    recorder.host_access(NUMPY_READ, [region], [], source)
 
 
 class SlotMappingKernel:

@@ -81,8 +81,8 @@ def run_ring(
     import torch
     from vllm.v1.worker.gpu import buffer_utils
 
-    from racefuzz.trace.convert import find_trace_races
     from racefuzz.trace.host_memory import HostTensors
+    from racefuzz.trace.judge import trace_races
     from racefuzz.trace.search import run_once
 
     model_uva(buffer_utils)
@@ -112,7 +112,7 @@ def run_ring(
 
     began = time.perf_counter()
     record = run_once(step, "cpu")
-    races = find_trace_races(record.trace)
+    races = trace_races(record.program)
     return {
         "speculative": speculative,
         "control": control,
