@@ -9,10 +9,11 @@
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh rerun     CARRY=.carry-r: vLLM 0.17.0+, sglang_loop
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh short     CARRY=.carry: sglang 0.5.15/0.5.23, vLLM 0.10.2/0.33.0
 #   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh trace     CARRY=.carry (0.5.23): ci.bench trace
+#   COMMIT=<sha> OUT=<dir> bash docs/results/scripts/h200_round.sh loop      CARRY=.carry: ci.bench sglang_loop
 # Each step has its own time limit so that one hang cannot eat the others' time; a failing step does not stop
 # the next. The last lines printed are each step's exit status and its test summary.
 set -u -o pipefail
-part=${1:?usage: h200_round.sh suite|sglang|engines|rerun|short|trace}
+part=${1:?usage: h200_round.sh suite|sglang|engines|rerun|short|trace|loop}
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PYTHONWARNINGS=ignore
 LOGS=/tmp/h200/logs
 mkdir -p "$LOGS" "$OUT"
@@ -100,6 +101,13 @@ trace)
     PYTHONPATH="$PYTHONPATH:$RACEFUZZ_SGLANG_CACHE/0.5.23/python" step bench-trace 200 \
         python3 -m ci.bench trace --json "$LOGS/bench-trace.json"
     ;;
+loop)
+    # docs/results/sglang-loop-speed-h200/: sglang's own loop's examples/s and recording cost per iteration
+    CARRY=${CARRY:-.carry}
+    sglang_env >"$LOGS/setup.txt" 2>&1
+    step bench-sglang-loop 230 python3 -m ci.bench sglang_loop --device cuda --examples 10 --version 0.5.15 --version 0.5.23 \
+        --json "$LOGS/bench-sglang-loop-cuda.json"
+    ;;
 rerun)
     # What the parts above ran out of time for: vLLM from 0.17.0 on (fixed and spec workloads), and the
     # recording cost per sglang loop iteration.
@@ -110,7 +118,7 @@ rerun)
         --json "$LOGS/bench-sglang-loop-cuda.json"
     ;;
 *)
-    echo "h200_round.sh: no part $part (suite, sglang, engines, rerun, short, trace)" >&2
+    echo "h200_round.sh: no part $part (suite, sglang, engines, rerun, short, trace, loop)" >&2
     exit 2
     ;;
 esac
