@@ -119,7 +119,7 @@ def test_copies_to_the_gpu_are_launches_writing_a_new_storage_and_torch_tensor_s
         return {"total": total}
 
     record = run_once(step, "cuda", watch_frees=True)
-    ops = [op for op in record.program.ops if getattr(op, "stream", None) == "side"]
+    ops = [op for op in record.program.ops if getattr(getattr(op, "stream", None), "name", None) == "side"]
     described = [getattr(op, "kernel", type(op).__name__) for op in ops]
     print(*described, sep="\n")
     copies = [op for op in ops if getattr(op, "kernel", "") in (TORCH_TENSOR_COPY, "aten._to_copy.default")]
