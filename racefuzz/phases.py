@@ -74,9 +74,9 @@ class PhaseClock:
         self.seconds[self.phase] += now - self.started
         self.phase, self.started = phase, now
 
-    def count_run(self) -> None:
-        """One more run in the phase now running."""
-        self.runs[self.phase] += 1
+    def count_run(self, runs: int = 1) -> None:
+        """`runs` more runs in the phase now running."""
+        self.runs[self.phase] += runs
 
     def statistics(self) -> tuple[PhaseStatistics, ...]:
         """Every phase's figures, in order, the one now running counted up to now."""

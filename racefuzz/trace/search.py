@@ -609,7 +609,7 @@ def fuzz(
         back = clock.phase
         clock.enter("reference")
         result.serialized_runs += runs
-        clock.runs["reference"] += runs
+        clock.count_run(runs)
         learned = without_the_schedule(step, device, reference, ordinals, runs)
         clock.enter(back)
         return learned
